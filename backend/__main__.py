@@ -1,0 +1,89 @@
+"""Backend process entry: settings, logging, model, socket, engine, then the engine loop on this thread.
+
+Shape copied from vLLM's run_engine_core: signal handlers only set a flag; any engine failure sends a dead
+sentinel to every frontend and exits non-zero so the supervisor restarts the process.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import sys
+import uuid
+from pathlib import Path
+
+import structlog
+import zmq
+
+from backend.control import ControlPlane
+from backend.ipc import BROADCAST, SocketServer
+from backend.settings import BackendSettings, load_settings
+from protocol.config import SettingsError
+from protocol.control import DeadEvent
+from protocol.logs import configure_logging
+
+log = structlog.get_logger("backend")
+
+
+def _prepare_address(address: str) -> None:
+    if address.startswith("ipc://"):
+        Path(address.removeprefix("ipc://")).parent.mkdir(parents=True, exist_ok=True)
+
+
+def serve(settings: BackendSettings) -> int:
+    if settings.generate_model != "none":
+        from backend.modelgen import ensure_model
+        ensure_model(settings.model, settings.generate_model)
+    ctx = zmq.Context.instance()
+    inbox: queue.Queue = queue.Queue()
+    control = ControlPlane(instance_id=uuid.uuid4().hex)
+    _prepare_address(settings.address)
+    server = SocketServer(ctx, settings.address, inbox, control)
+    server.start()
+
+    from backend.engine.adapter import Engine  # imports vLLM: after the socket is up, so probes see us early
+    from backend.loop import BackendLoop
+
+    try:
+        engine = Engine(settings)
+        loop = BackendLoop(engine, server, inbox, control)
+        control.fingerprint = engine.fingerprint()
+
+        def stop(signum, _frame) -> None:
+            log.info("shutdown_requested", signal=signal.Signals(signum).name)
+            loop.is_running = False
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        log.info("backend_serving", address=settings.address, model=settings.model_name)
+        loop.run()
+        return 0
+    except Exception as e:
+        log.exception("engine_dead", error=str(e))
+        server.send(BROADCAST, DeadEvent(reason=f"engine failed: {e}"[:500]))
+        return 1
+    finally:
+        server.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        settings = load_settings(argv)
+    except SettingsError as e:
+        print(f"pocserve-backend: {e}", file=sys.stderr)
+        sys.exit(2)
+    configure_logging(settings.log_format, settings.log_level)
+    try:
+        import setproctitle
+        setproctitle.setproctitle("pocserve-backend")
+    except ImportError:
+        pass
+    code = serve(settings)
+    sys.stdout.flush()
+    # vLLM leaves non-daemon threads behind on some paths; the exit code is what the supervisor needs.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Connection-level answers given by the io thread itself: handshake and liveness.
+
+Pings are answered here, not by the engine thread, so a long engine step or PoC batch never looks like a dead
+backend. The engine thread publishes an immutable stats snapshot after its steps; pongs carry the latest one
+plus how old it is, which is how a hung engine shows (and a dead one sends DeadEvent and exits).
+"""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+import structlog
+
+from protocol.common import BackendStats, Fingerprint
+from protocol.control import HelloRequest, PingRequest, PongReply, ReadyReply
+from protocol.version import PROTOCOL_VERSION
+
+log = structlog.get_logger(__name__)
+
+
+class ControlPlane:
+    def __init__(self, instance_id: str) -> None:
+        self.instance_id = instance_id
+        self.started = time.monotonic()
+        # Set by the main thread once the engine is built; Hello is answered only from then on.
+        self.fingerprint: Fingerprint | None = None
+        # Replaced (never mutated) by the engine thread.
+        self.snapshot: BackendStats | None = None
+        self.snapshot_at = time.monotonic()
+        self.frontends: dict[bytes, str] = {}
+
+    def publish(self, stats: BackendStats) -> None:
+        self.snapshot, self.snapshot_at = stats, time.monotonic()
+
+    def on_hello(self, identity: bytes, msg: HelloRequest) -> ReadyReply | None:
+        if msg.protocol_version != PROTOCOL_VERSION:
+            log.error("frontend_refused", frontend_id=msg.frontend_id, their_version=msg.protocol_version,
+                      our_version=PROTOCOL_VERSION)
+            return ReadyReply(refusal=f"protocol version {msg.protocol_version} != backend's {PROTOCOL_VERSION}")
+        if self.fingerprint is None:
+            return None  # engine still loading: the frontend retries after its next pong
+        if identity not in self.frontends:
+            log.info("frontend_connected", frontend_id=msg.frontend_id)
+        self.frontends[identity] = msg.frontend_id
+        return ReadyReply(fingerprint=self.fingerprint)
+
+    def on_ping(self, msg: PingRequest, *, num_rejected_frames: int, outbox_depth: int) -> PongReply:
+        now = time.monotonic()
+        base = self.snapshot or BackendStats(
+            instance_id=self.instance_id, uptime_s=0.0, num_frontends=0, num_running=0, num_waiting=0,
+            kv_cache_usage=0.0, num_engine_steps=0, num_prompt_tokens=0, num_generation_tokens=0,
+            num_finished_requests=0, num_aborted_requests=0, num_rejected_frames=0)
+        stats = msgspec.structs.replace(
+            base, instance_id=self.instance_id, uptime_s=now - self.started, num_frontends=len(self.frontends),
+            num_rejected_frames=num_rejected_frames, outbox_depth=outbox_depth,
+            is_engine_ready=self.fingerprint is not None, engine_heartbeat_age_s=now - self.snapshot_at)
+        return PongReply(ping_id=msg.ping_id, stats=stats)

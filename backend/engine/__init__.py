@@ -1,0 +1,1 @@
+"""The one door to vLLM: engine construction, request conversion, outputs. Nothing else imports vLLM."""

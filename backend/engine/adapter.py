@@ -1,0 +1,113 @@
+"""Builds the in-process vLLM engine and drives it; engine thread only (vLLM is not thread-safe)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import structlog
+
+from backend.engine import compat
+
+compat.prepare_environment()
+
+import vllm  # noqa: E402  (after prepare_environment, on purpose)
+from vllm.engine.arg_utils import EngineArgs  # noqa: E402
+from vllm.usage.usage_lib import UsageContext  # noqa: E402
+from vllm.v1.engine.llm_engine import LLMEngine  # noqa: E402
+
+from backend.engine.outputs import to_delta  # noqa: E402
+from backend.engine.stats import RecorderFactory  # noqa: E402
+from backend.engine.params import check_lengths, render_prompt, sampling_params  # noqa: E402
+from backend.errors import RequestError  # noqa: E402
+from backend.settings import BackendSettings  # noqa: E402
+from protocol.common import Fingerprint  # noqa: E402
+from protocol.generate import Delta, GenerateRequest  # noqa: E402
+from protocol.version import PROTOCOL_VERSION  # noqa: E402
+
+log = structlog.get_logger(__name__)
+
+POC_CODE_VERSION = "pocv2-1"
+
+
+@dataclass
+class _Tracked:
+    num_prompt_tokens: int
+    num_top_logprobs: int
+    num_generated: int = 0
+
+
+
+
+class Engine:
+    """The vLLM LLMEngine plus tokenizer, with our request conversion; engine thread only."""
+
+    def __init__(self, settings: BackendSettings) -> None:
+        compat.check_version(vllm.__version__)
+        self.settings = settings
+        args = EngineArgs(
+            model=str(settings.model), served_model_name=[settings.model_name], dtype=settings.dtype,
+            max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
+            max_num_batched_tokens=settings.max_num_batched_tokens,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            tensor_parallel_size=settings.tensor_parallel_size, enforce_eager=settings.enforce_eager,
+            logprobs_mode=settings.logprobs_mode, seed=settings.seed,
+            block_size=settings.block_size or None, enable_prefix_caching=True,
+        )
+        started = time.monotonic()
+        factory = RecorderFactory()
+        self.stats = factory.recorder
+        self.llm = LLMEngine.from_engine_args(args, usage_context=UsageContext.OPENAI_API_SERVER,
+                                              stat_loggers=[factory], enable_multiprocessing=False)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.max_model_len = int(self.llm.model_config.max_model_len)
+        log.info("engine_ready", model=str(settings.model), vllm_version=vllm.__version__,
+                 block_size=compat.block_size(self.llm), elapsed_s=round(time.monotonic() - started, 1))
+        self._tracked: dict[str, _Tracked] = {}
+
+    def fingerprint(self) -> Fingerprint:
+        cfg = self.llm.vllm_config
+        return Fingerprint(
+            protocol_version=PROTOCOL_VERSION, served_model_name=self.settings.model_name,
+            model_path=str(self.settings.model), max_model_len=self.max_model_len,
+            block_size=compat.block_size(self.llm), dtype=str(cfg.model_config.dtype).removeprefix("torch."),
+            vllm_version=vllm.__version__, engine_device=str(cfg.device_config.device_type),
+            poc_code_version=POC_CODE_VERSION, python_hash_seed=compat.ENGINE_ENV_DEFAULTS["PYTHONHASHSEED"],
+            prefix_caching_hash_algo=str(cfg.cache_config.prefix_caching_hash_algo),
+        )
+
+    def add(self, engine_rid: str, req: GenerateRequest) -> None:
+        """Validates and queues one request; raises RequestError for client mistakes."""
+        prompt_param = "messages" if req.messages is not None else "prompt"
+        prompt_ids = render_prompt(self.tokenizer, req)
+        max_tokens = check_lengths(len(prompt_ids), req.sampling, self.max_model_len, prompt_param)
+        params = sampling_params(req.sampling, max_tokens, req.stream)
+        try:
+            self.llm.add_request(engine_rid, {"prompt_token_ids": prompt_ids}, params, priority=req.priority)
+        except ValueError as e:  # vLLM's input checks: structured-output schema, logprobs limits, ...
+            param = "response_format" if req.sampling.response_format is not None else None
+            raise RequestError(str(e), param=param) from e
+        self._tracked[engine_rid] = _Tracked(len(prompt_ids), req.sampling.logprobs or 0)
+
+    def abort(self, engine_rids: list[str]) -> None:
+        self.llm.abort_request(engine_rids)
+        for rid in engine_rids:
+            self._tracked.pop(rid, None)
+
+    def has_work(self) -> bool:
+        return self.llm.has_unfinished_requests()
+
+    def step(self) -> list[tuple[str, Delta]]:
+        """One engine step; (engine request id, delta) for every request that advanced."""
+        deltas: list[tuple[str, Delta]] = []
+        for out in self.llm.step():
+            rid = out.request_id
+            t = self._tracked.get(rid)
+            if t is None:  # aborted by us after this step was scheduled
+                continue
+            delta = to_delta(out, t.num_prompt_tokens, t.num_generated, t.num_top_logprobs, self.tokenizer)
+            t.num_generated = delta.num_generated_tokens
+            deltas.append((rid, delta))
+            if out.finished:
+                del self._tracked[rid]
+        return deltas

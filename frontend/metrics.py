@@ -1,0 +1,66 @@
+"""Prometheus metrics: this frontend's request counters and latencies, plus the backend's engine gauges.
+
+Engine figures (vllm:num_requests_running, vllm:num_requests_waiting, vllm:iteration_tokens_total) come from
+the backend's latest stats, so every frontend reports the same engine. mlnode's hang detector reads them.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from protocol.common import BackendStats
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class BackendCollector:
+    def __init__(self, client) -> None:
+        self._client = client
+
+    def collect(self):
+        stats: BackendStats | None = self._client.stats if self._client.is_alive else None
+        up = GaugeMetricFamily("pocserve_backend_up", "1 while the backend answers pings")
+        up.add_metric([], 1.0 if stats is not None else 0.0)
+        yield up
+        if stats is None:
+            return
+        for name, doc, value in (
+            ("vllm:num_requests_running", "Requests in model execution batches.", stats.num_running),
+            ("vllm:num_requests_waiting", "Requests waiting to be processed.", stats.num_waiting),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent.", stats.kv_cache_usage),
+        ):
+            g = GaugeMetricFamily(name, doc)
+            g.add_metric([], float(value))
+            yield g
+        cumulative, buckets = 0, []
+        for bound, count in zip([*stats.iteration_tokens_bounds, float("inf")], stats.iteration_tokens_counts):
+            cumulative += count
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+        h = HistogramMetricFamily("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.")
+        h.add_metric([], buckets, sum_value=stats.iteration_tokens_sum)
+        yield h
+        for name, doc, value in (
+            ("vllm:prompt_tokens", "Prefill tokens processed.", stats.num_prompt_tokens),
+            ("vllm:generation_tokens", "Generation tokens processed.", stats.num_generation_tokens),
+            ("pocserve_backend_rejected_frames", "Malformed frames the backend dropped.",
+             stats.num_rejected_frames),
+            ("pocserve_backend_aborted_requests", "Requests aborted in the engine.", stats.num_aborted_requests),
+        ):
+            c = CounterMetricFamily(name, doc)
+            c.add_metric([], float(value))
+            yield c
+
+
+class FrontendMetrics:
+    def __init__(self, client) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("pocserve_http_requests", "HTTP API requests by route and status",
+                                ["route", "status"], registry=self.registry)
+        self.e2e_latency = Histogram("pocserve_request_latency_seconds", "Request latency, end to end",
+                                     ["route"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.ttft = Histogram("pocserve_time_to_first_token_seconds", "Time to the first generated token",
+                              ["route"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.backend_unavailable = Counter("pocserve_backend_unavailable", "Requests answered 503 for the backend",
+                                           registry=self.registry)
+        self.registry.register(BackendCollector(client))

@@ -1,0 +1,117 @@
+"""Pydantic models of the OpenAI request bodies we accept (validation at the HTTP edge only)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class _Strict(BaseModel):
+    # Unknown fields are a client mistake: 400 naming the field, never silently ignored.
+    model_config = ConfigDict(extra="forbid")
+
+
+class ContentPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Message(_Strict):
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class JsonSchemaSpec(_Strict):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class EnforcedTokenItem(_Strict):
+    token: str
+    top_tokens: list[str] = []
+
+
+class EnforcedTokens(_Strict):
+    tokens: list[EnforcedTokenItem]
+
+
+class _Sampling(_Strict):
+    model: str
+    n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, gt=0.0)
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0)
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    user: str | None = None
+    logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, v: str | list[str] | None) -> list[str]:
+        if v is None:
+            return []
+        stops = [v] if isinstance(v, str) else v
+        if len(stops) > 16 or any(not s for s in stops):
+            raise ValueError("stop takes up to 16 non-empty strings")
+        return stops
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    enforced_tokens: EnforcedTokens | None = None
+    enforced_str: str | None = None
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str]
+    max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: Literal[False] = False
+    suffix: None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, v: str | list[str]) -> str:
+        if isinstance(v, list):
+            if len(v) != 1:
+                raise ValueError("exactly one prompt is supported")
+            return v[0]
+        return v

@@ -1,0 +1,1 @@
+"""HTTP routes: validate → convert → await the backend client → shape the response."""

@@ -1,0 +1,36 @@
+"""Operational routes: /health, /version, /metrics."""
+
+from __future__ import annotations
+
+import msgspec
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from protocol.version import PROTOCOL_VERSION
+
+router = APIRouter()
+
+FRONTEND_VERSION = "0.1.0"
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    """200 only while the backend handshake is alive (mlnode polls this every 2 s)."""
+    client = request.app.state.client
+    if client.is_alive:
+        return Response(status_code=200)
+    reason = client.incompatible or "backend unavailable"
+    return JSONResponse({"status": "unhealthy", "reason": reason}, status_code=503)
+
+
+@router.get("/version")
+async def version(request: Request) -> dict:
+    fp = request.app.state.client.fingerprint
+    return {"version": FRONTEND_VERSION, "protocol_version": PROTOCOL_VERSION,
+            "backend": msgspec.structs.asdict(fp) if fp is not None else None}
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,172 @@
+"""OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from frontend import convert, sse
+from frontend.backend_client import BackendRequestError, BackendUnavailable
+from frontend.errors import ApiError, error_body
+from frontend.openai_models import ChatCompletionRequest, CompletionRequest
+from protocol.generate import Delta, GenerateRequest
+
+router = APIRouter()
+
+
+def _served_names(request: Request) -> list[str]:
+    fp = request.app.state.client.fingerprint
+    if fp is None:
+        raise BackendUnavailable("backend not ready")
+    return [fp.served_model_name, fp.model_path, *fp.model_aliases]
+
+
+def _check_model(request: Request, model: str) -> None:
+    if model not in _served_names(request):
+        raise ApiError(404, f"The model `{model}` does not exist.", param="model", type="NotFoundError")
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _first_and_rest(agen: AsyncIterator[Delta]) -> tuple[Delta, AsyncIterator[Delta]]:
+    """Awaits the first delta so errors become a plain HTTP error instead of a broken stream."""
+    first = await agen.__anext__()
+    return first, agen
+
+
+async def _collect(request: Request, gen: GenerateRequest) -> Delta:
+    """Non-streaming: gathers all deltas; a client that goes away aborts the request in the backend."""
+    client = request.app.state.client
+
+    async def run() -> list[Delta]:
+        return [d async for d in client.generate(gen)]
+
+    work = asyncio.ensure_future(run())
+    gone = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not work.done():
+        work.cancel()
+        await asyncio.gather(work, return_exceptions=True)
+        raise ApiError(499, "client disconnected")
+    return convert.merge(work.result())
+
+
+def _observe_ttft(request: Request, route: str, started: float) -> None:
+    request.app.state.metrics.ttft.labels(route).observe(time.monotonic() - started)
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict:
+    fp = request.app.state.client.fingerprint
+    if fp is None:
+        raise BackendUnavailable("backend not ready")
+    card = {"id": fp.served_model_name, "object": "model", "created": 0, "owned_by": "pocserve",
+            "root": fp.model_path, "max_model_len": fp.max_model_len}
+    return {"object": "list", "data": [card]}
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request):
+    _check_model(request, body.model)
+    client, fmt = request.app.state.client, request.app.state.token_format
+    gen = convert.chat_request(client.new_rid(), body)
+    rid, created, started = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), time.monotonic()
+
+    def chunk(delta: dict, finish: str | None = None, logprobs=None) -> dict:
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": body.model,
+                "choices": [choice]}
+
+    if not body.stream:
+        d = await _collect(request, gen)
+        logprobs = {"content": fmt.chat_logprobs(d.logprobs)} if d.logprobs is not None else None
+        choice = {"index": 0, "message": {"role": "assistant", "content": d.text}, "logprobs": logprobs,
+                  "finish_reason": d.finish_reason, "stop_reason": d.stop_reason}
+        return {"id": rid, "object": "chat.completion", "created": created, "model": body.model,
+                "choices": [choice], "usage": convert.usage(d)}
+
+    first, rest = await _first_and_rest(client.generate(gen))
+    _observe_ttft(request, "chat", started)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    async def stream():
+        last = first
+        try:
+            yield sse.event(chunk({"role": "assistant", "content": ""}))
+            d = first
+            while True:
+                lp = {"content": fmt.chat_logprobs(d.logprobs)} if d.logprobs is not None else None
+                if d.text or lp or d.finish_reason:
+                    yield sse.event(chunk({"content": d.text} if d.text else {}, d.finish_reason, lp))
+                last = d
+                if d.finish_reason is not None:
+                    break
+                d = await rest.__anext__()
+            if include_usage:
+                yield sse.event({"id": rid, "object": "chat.completion.chunk", "created": created,
+                                 "model": body.model, "choices": [], "usage": convert.usage(last)})
+            yield sse.DONE
+        except (BackendUnavailable, BackendRequestError) as e:
+            status = 503 if isinstance(e, BackendUnavailable) else e.info.status
+            yield sse.event(error_body(status, str(e)))
+            yield sse.DONE
+        finally:
+            await rest.aclose()
+
+    return StreamingResponse(stream(), media_type="text/event-stream")
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request):
+    _check_model(request, body.model)
+    client, fmt = request.app.state.client, request.app.state.token_format
+    gen = convert.completion_request(client.new_rid(), body)
+    rid, created, started = f"cmpl-{uuid.uuid4().hex}", int(time.time()), time.monotonic()
+
+    def choice(d: Delta, offset: int) -> dict:
+        lp = fmt.completion_logprobs(d.logprobs, offset) if d.logprobs is not None else None
+        return {"index": 0, "text": d.text, "logprobs": lp, "finish_reason": d.finish_reason,
+                "stop_reason": d.stop_reason}
+
+    if not body.stream:
+        d = await _collect(request, gen)
+        return {"id": rid, "object": "text_completion", "created": created, "model": body.model,
+                "choices": [choice(d, 0)], "usage": convert.usage(d)}
+
+    first, rest = await _first_and_rest(client.generate(gen))
+    _observe_ttft(request, "completions", started)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    async def stream():
+        d, offset = first, 0
+        try:
+            while True:
+                yield sse.event({"id": rid, "object": "text_completion", "created": created,
+                                 "model": body.model, "choices": [choice(d, offset)]})
+                offset += len(d.text)
+                if d.finish_reason is not None:
+                    break
+                d = await rest.__anext__()
+            if include_usage:
+                yield sse.event({"id": rid, "object": "text_completion", "created": created,
+                                 "model": body.model, "choices": [], "usage": convert.usage(d)})
+            yield sse.DONE
+        except (BackendUnavailable, BackendRequestError) as e:
+            status = 503 if isinstance(e, BackendUnavailable) else e.info.status
+            yield sse.event(error_body(status, str(e)))
+            yield sse.DONE
+        finally:
+            await rest.aclose()
+
+    return StreamingResponse(stream(), media_type="text/event-stream")

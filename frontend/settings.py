@@ -1,0 +1,59 @@
+"""The frontend's settings: every one a CLI flag and an environment variable, read once at start."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from protocol.config import Option, SettingsError, parse_options
+
+OPTIONS: tuple[Option, ...] = (
+    Option("host", "POCSERVE_HOST", "127.0.0.1", "HTTP bind address"),
+    Option("port", "POCSERVE_PORT", 8000, "HTTP port", int),
+    Option("backend_address", "POCSERVE_BACKEND_ADDRESS", "ipc:///tmp/pocserve/backend.ipc",
+           "ZMQ address of the backend"),
+    Option("frontend_id", "POCSERVE_FRONTEND_ID", "", "name in backend logs (default host-pid)"),
+    Option("ping_interval_s", "POCSERVE_PING_INTERVAL_S", 0.5, "backend liveness ping period", float),
+    Option("backend_timeout_s", "POCSERVE_BACKEND_TIMEOUT_S", 1.5,
+           "backend counts as down after this long without an answer", float),
+    Option("backend_wait_s", "POCSERVE_BACKEND_WAIT_S", 1.0,
+           "how long a request waits for a down backend before 503", float),
+    Option("breaker_misses", "POCSERVE_BREAKER_MISSES", 3,
+           "consecutive missed pings that open the breaker (requests then 503 at once)", int),
+    Option("logprob_token_format", "POCSERVE_LOGPROB_TOKEN_FORMAT", "ids",
+           "logprob token strings: ids (the Gonka network's format) or text (OpenAI's)",
+           choices=("ids", "text")),
+    Option("log_format", "POCSERVE_LOG_FORMAT", "console", "log output", choices=("console", "json")),
+    Option("log_level", "POCSERVE_LOG_LEVEL", "info", "log level",
+           choices=("debug", "info", "warning", "error")),
+)
+
+
+@dataclass(frozen=True)
+class FrontendSettings:
+    host: str
+    port: int
+    backend_address: str
+    frontend_id: str
+    ping_interval_s: float
+    backend_timeout_s: float
+    backend_wait_s: float
+    breaker_misses: int
+    logprob_token_format: str
+    log_format: str
+    log_level: str
+
+
+def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> FrontendSettings:
+    values = parse_options("pocserve-frontend", "pocserve HTTP frontend", OPTIONS, argv, environ)
+    if not values["frontend_id"]:
+        values["frontend_id"] = f"{socket.gethostname()}-{os.getpid()}"
+    s = FrontendSettings(**values)
+    for name in ("ping_interval_s", "backend_timeout_s", "backend_wait_s"):
+        if getattr(s, name) <= 0:
+            raise SettingsError(f"--{name.replace('_', '-')} must be positive")
+    if s.breaker_misses < 1:
+        raise SettingsError("--breaker-misses must be at least 1")
+    return s

@@ -1,0 +1,1 @@
+"""Wire protocol between frontends and the backend: msgspec structs, version, codec."""

@@ -1,0 +1,41 @@
+"""Encode/decode helpers and the two tagged unions, one per direction."""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+from protocol.control import DeadEvent, ErrorReply, HelloRequest, PingRequest, PongReply, ReadyReply
+from protocol.generate import AbortRequest, DeltasEvent, GenerateErrorReply, GenerateRequest
+
+ToBackend = Union[HelloRequest, PingRequest, GenerateRequest, AbortRequest]
+ToFrontend = Union[ReadyReply, PongReply, DeltasEvent, GenerateErrorReply, ErrorReply, DeadEvent]
+
+TO_BACKEND_TYPES: tuple[type, ...] = ToBackend.__args__
+TO_FRONTEND_TYPES: tuple[type, ...] = ToFrontend.__args__
+
+
+class Codec:
+    """Encoder plus a decoder for one direction; one instance per thread (encoders reuse buffers)."""
+
+    def __init__(self, decode_type: object) -> None:
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(decode_type)
+
+    def encode(self, msg: msgspec.Struct) -> bytes:
+        return self._encoder.encode(msg)
+
+    def decode(self, frame: bytes | memoryview):
+        """Raises msgspec.DecodeError (ValidationError is a subclass) on a malformed frame."""
+        return self._decoder.decode(frame)
+
+
+def backend_codec() -> Codec:
+    """Decodes what frontends send, encodes what the backend sends."""
+    return Codec(ToBackend)
+
+
+def frontend_codec() -> Codec:
+    """Decodes what the backend sends, encodes what frontends send."""
+    return Codec(ToFrontend)

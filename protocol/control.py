@@ -1,0 +1,40 @@
+"""Wire structs for the connection itself: handshake, liveness, errors, death. Wire structs only, no logic."""
+
+from __future__ import annotations
+
+import msgspec
+
+from protocol.common import BackendStats, ErrorInfo, Fingerprint
+
+
+class HelloRequest(msgspec.Struct, tag="hello", kw_only=True):
+    protocol_version: int
+    frontend_id: str
+
+
+class ReadyReply(msgspec.Struct, tag="ready", kw_only=True):
+    # Set when the backend accepts the frontend.
+    fingerprint: Fingerprint | None = None
+    # Set when it refuses it (protocol version mismatch); the frontend must exit.
+    refusal: str | None = None
+
+
+class PingRequest(msgspec.Struct, tag="ping", kw_only=True):
+    ping_id: int
+
+
+class PongReply(msgspec.Struct, tag="pong", kw_only=True):
+    ping_id: int
+    stats: BackendStats
+
+
+class ErrorReply(msgspec.Struct, tag="error", kw_only=True):
+    """Answer to a frame the backend could not decode or route (no request id is known)."""
+
+    error: ErrorInfo
+
+
+class DeadEvent(msgspec.Struct, tag="dead", kw_only=True):
+    """Sent to every known frontend when the engine died; the backend exits right after."""
+
+    reason: str

@@ -1,0 +1,42 @@
+"""structlog set-up shared by every process: JSON in containers, console locally, stdlib logs routed through it.
+
+Process plumbing, not wire structs (see docs/decisions.md: protocol/ is the one package every process imports).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+
+def configure_logging(fmt: str = "console", level: str = "info") -> None:
+    shared = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    renderer = (structlog.processors.JSONRenderer() if fmt == "json"
+                else structlog.dev.ConsoleRenderer(colors=False))
+    structlog.configure(
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=True,
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=shared,
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    structlog.processors.format_exc_info, renderer]))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # vLLM and uvicorn install their own handlers; route them through ours instead.
+    for name in ("vllm", "uvicorn", "uvicorn.error", "uvicorn.access"):
+        lg = logging.getLogger(name)
+        lg.handlers[:] = []
+        lg.propagate = True
+    logging.getLogger("uvicorn.access").setLevel(logging.WARNING)

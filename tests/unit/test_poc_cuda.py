@@ -1,0 +1,94 @@
+"""CUDA checks of the PoC math: goldens on the device, bit-equality with the reference's own ops, memory bound.
+
+Skipped without a GPU (CI is CPU-only); run on a CUDA machine with `pytest tests/unit -k poc_cuda`.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from poc.artifacts import compute_artifacts
+from poc.rng import householder_vector, input_embeddings, normal
+from poc.seeds import string_seed
+from poc.transforms import pick_indices
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+BH, PK = "TEST_BLOCK", "test_pub_keys"
+CUDA = "cuda"
+MASK32 = 0xFFFFFFFF
+
+
+def _reference_murmur(keys, seeds):
+    # The reference `gpu_random.py` formulation: plain int64 products that wrap past 2^63.
+    h = (seeds & MASK32).expand(-1, keys.shape[-1])
+    k = keys.to(torch.int64) & MASK32
+    k = (k * 0xCC9E2D51) & MASK32
+    k = ((k << 15) | (k >> 17)) & MASK32
+    k = (k * 0x1B873593) & MASK32
+    h = h ^ k
+    h = ((h << 13) | (h >> 19)) & MASK32
+    h = (h * 5 + 0xE6546B64) & MASK32
+    h = h ^ (h >> 16)
+    h = (h * 0x85EBCA6B) & MASK32
+    h = h ^ (h >> 13)
+    h = (h * 0xC2B2AE35) & MASK32
+    return h ^ (h >> 16)
+
+
+def _reference_normal(seeds, n):
+    pairs = (n + 1) // 2
+    idx = torch.arange(2 * pairs, device=CUDA, dtype=torch.int32).unsqueeze(0).expand(len(seeds), -1)
+    u = _reference_murmur(idx, torch.tensor(seeds, device=CUDA).unsqueeze(1)).to(torch.float32) / 4294967296.0
+    u1 = torch.clamp(u[:, :pairs], min=1e-10)
+    u2 = u[:, pairs:]
+    z0 = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * math.pi * u2)
+    z1 = torch.sqrt(-2.0 * torch.log(u1)) * torch.sin(2.0 * math.pi * u2)
+    return torch.cat([z0, z1], dim=1)[:, :n]
+
+
+@pytest.mark.parametrize("n", [8, 12, 1001, 4096, 262145])
+def test_cuda_normal_bit_equal_to_reference_ops(n):
+    seeds = [string_seed(f"s{i}") for i in range(16)]
+    assert torch.equal(normal(seeds, n, CUDA, max_tile_pairs=50_000), _reference_normal(seeds, n))
+
+
+def test_cuda_pick_order_equals_cuda_topk():
+    seeds = torch.tensor([string_seed(f"{BH}_{PK}_nonce_{n}_pick_12") for n in range(64)], device=CUDA)
+    scores = _reference_murmur(torch.arange(1024, device=CUDA, dtype=torch.int32).unsqueeze(0), seeds.unsqueeze(1))
+    topk = torch.topk(-scores, 12, largest=True, sorted=False).indices
+    assert torch.equal(topk, pick_indices(BH, PK, list(range(64)), 1024, 12, CUDA))
+
+
+def test_cuda_goldens():
+    np.testing.assert_allclose(
+        normal([1589641989], 8, CUDA)[0].cpu().numpy(),
+        [0.55266076, -0.75137901, -0.83434767, 0.89618230, 1.17974102, 1.37182307, -1.38027108, -0.75416869],
+        rtol=0, atol=1.2e-7,
+    )
+    bf16 = input_embeddings(BH, PK, [0], 2, 4, CUDA, torch.bfloat16)[0].float().cpu().tolist()
+    assert bf16 == [[0.55078125, -0.75, -0.8359375, 0.89453125], [1.1796875, 1.375, -1.3828125, -0.75390625]]
+    hh = householder_vector(BH, 0, 4096, CUDA)[:8].cpu().numpy()
+    np.testing.assert_allclose(hh, [0.014585215, -0.003989412, -0.025719061, -0.000206031,
+                                    0.001738528, -0.022154555, 0.009364715, -0.010518039], rtol=0, atol=1e-8)
+    hidden = torch.cat([normal([string_seed(f"golden_hidden_1024_{n}")], 1024, CUDA) for n in range(4)])
+    assert [b64 for _, b64 in compute_artifacts(hidden, BH, PK, [0, 1, 2, 3])] == [
+        "CzEBtTYyKLjFMYUwW7YMKD6yNDgxKKwy",
+        "x7A2KB42fjFLrLgy5baLNocygbghrB4y",
+        "y7NNLFm0XTAptUcxcbYKrba4GK3Lpf62",
+        "7y9NtyohdDFKtkqzy7B8Juwys60HMyc5",
+    ]
+
+
+@pytest.mark.parametrize("stronger_rng", [False, True])
+def test_cuda_inputs_b64_l1024_h1024_memory_bounded(stronger_rng):
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    x = input_embeddings("b", "k", list(range(64)), 1024, 1024, CUDA, torch.bfloat16, stronger_rng=stronger_rng)
+    torch.cuda.synchronize()
+    output_bytes = x.numel() * x.element_size()
+    # Output (128 MiB) plus bounded int64/float32 tile temporaries; an untiled draw would need > 2 GiB.
+    assert torch.cuda.max_memory_allocated() - base < output_bytes + 512 * 2**20

@@ -1,0 +1,68 @@
+"""NonceIterator examples and argument checks of spec §2.4."""
+
+import pytest
+
+from poc.errors import PocInputError
+from poc.nonces import NonceIterator
+
+
+def test_nonce_iterator_three_nodes():
+    assert NonceIterator(0, 3).take(3) == [0, 3, 6]
+    assert NonceIterator(1, 3).take(3) == [1, 4, 7]
+
+
+@pytest.mark.parametrize(
+    ("node_id", "group_id", "expected"),
+    [(0, 0, [0, 4, 8, 12]), (1, 0, [1, 5, 9, 13]), (0, 1, [2, 6, 10, 14]), (1, 1, [3, 7, 11, 15])],
+)
+def test_nonce_iterator_two_nodes_two_groups(node_id, group_id, expected):
+    assert NonceIterator(node_id, 2, group_id, 2).take(4) == expected
+
+
+def test_nonce_iterator_take_advances():
+    it = NonceIterator(1, 3)
+    assert it.take(2) == [1, 4]
+    assert it.take(2) == [7, 10]
+    assert it.take(0) == []
+    assert it.position == 4
+    assert next(it) == 13
+
+
+def test_nonce_iterator_nonce_at_is_stateless():
+    it = NonceIterator(2, 5, 1, 3)
+    it.take(10)
+    assert it.nonce_at(0) == 2 + 1 * 5
+    assert it.nonce_at(4) == 7 + 4 * 15
+
+
+def test_nonce_iterator_ranges_disjoint():
+    seen = set()
+    for g in range(3):
+        for n in range(4):
+            chunk = set(NonceIterator(n, 4, g, 3).take(50))
+            assert not chunk & seen
+            seen |= chunk
+    assert seen == set(range(600))
+
+
+@pytest.mark.parametrize(
+    ("field", "args"),
+    [
+        ("node_count", (0, 0, 0, 1)),
+        ("n_groups", (0, 1, 0, 0)),
+        ("node_id", (3, 3, 0, 1)),
+        ("node_id", (-1, 3, 0, 1)),
+        ("group_id", (0, 3, 2, 2)),
+        ("group_id", (0, 3, -1, 2)),
+    ],
+)
+def test_nonce_iterator_rejects_bad_args(field, args):
+    with pytest.raises(ValueError) as info:
+        NonceIterator(*args)
+    assert isinstance(info.value, PocInputError) and info.value.field == field
+    assert field in str(info.value)
+
+
+def test_nonce_iterator_rejects_negative_take():
+    with pytest.raises(PocInputError):
+        NonceIterator(0, 1).take(-1)
