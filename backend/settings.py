@@ -35,6 +35,8 @@ OPTIONS: tuple[Option, ...] = (
            "default logprobs mode (the network validates with processed)",
            choices=("raw_logprobs", "processed_logprobs")),
     Option("seed", "POCSERVE_SEED", 0, "engine seed", int),
+    Option("json_whitespace", "POCSERVE_JSON_WHITESPACE", True,
+           "let structured JSON output contain free whitespace (off: compact JSON)", bool),
     Option("log_format", "POCSERVE_LOG_FORMAT", "console", "log output", choices=("console", "json")),
     Option("log_level", "POCSERVE_LOG_LEVEL", "info", "log level",
            choices=("debug", "info", "warning", "error")),
@@ -58,6 +60,7 @@ class BackendSettings:
     enforce_eager: bool
     logprobs_mode: str
     seed: int
+    json_whitespace: bool
     log_format: str
     log_level: str
 

@@ -262,6 +262,12 @@ class BackendClient:
             log.error("backend_incompatible", refusal=refusal)
             self._mark_down(self.incompatible)
             return
+        if fp is None:
+            # Neither field set breaks the contract; counted like an undecodable reply so the reader lives on.
+            self.num_malformed_replies += 1
+            log.warning("backend_reply_malformed", error="ready without fingerprint or refusal",
+                        num=self.num_malformed_replies)
+            return
         self.fingerprint = fp
         log.info("backend_handshake", **msgspec.structs.asdict(fp))
         self._alive.set()

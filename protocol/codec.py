@@ -28,7 +28,12 @@ class Codec:
 
     def decode(self, frame: bytes | memoryview):
         """Raises msgspec.DecodeError (ValidationError is a subclass) on a malformed frame."""
-        return self._decoder.decode(frame)
+        try:
+            return self._decoder.decode(frame)
+        except (UnicodeDecodeError, RecursionError) as e:
+            # msgspec lets these escape for invalid UTF-8 in a str and for nesting past the recursion limit
+            # (even inside an ignored field); callers handle malformed frames by catching DecodeError only.
+            raise msgspec.DecodeError(f"{type(e).__name__}: {e}") from None
 
 
 def backend_codec() -> Codec:

@@ -12,6 +12,7 @@ from backend.engine import compat
 compat.prepare_environment()
 
 import vllm  # noqa: E402  (after prepare_environment, on purpose)
+from vllm.config import StructuredOutputsConfig  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 from vllm.usage.usage_lib import UsageContext  # noqa: E402
 from vllm.v1.engine.llm_engine import LLMEngine  # noqa: E402
@@ -39,6 +40,13 @@ class _Tracked:
 
 
 
+def _structured_outputs_config(settings: BackendSettings) -> StructuredOutputsConfig:
+    if settings.json_whitespace:
+        return StructuredOutputsConfig()
+    # Compact JSON is an xgrammar/guidance option; xgrammar is what vLLM picks by default anyway.
+    return StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True)
+
+
 class Engine:
     """The vLLM LLMEngine plus tokenizer, with our request conversion; engine thread only."""
 
@@ -53,6 +61,7 @@ class Engine:
             tensor_parallel_size=settings.tensor_parallel_size, enforce_eager=settings.enforce_eager,
             logprobs_mode=settings.logprobs_mode, seed=settings.seed,
             block_size=settings.block_size or None, enable_prefix_caching=True,
+            structured_outputs_config=_structured_outputs_config(settings),
         )
         started = time.monotonic()
         factory = RecorderFactory()
@@ -64,6 +73,7 @@ class Engine:
         log.info("engine_ready", model=str(settings.model), vllm_version=vllm.__version__,
                  block_size=compat.block_size(self.llm), elapsed_s=round(time.monotonic() - started, 1))
         self._tracked: dict[str, _Tracked] = {}
+        self._input_errors = compat.input_error_types()
 
     def fingerprint(self) -> Fingerprint:
         cfg = self.llm.vllm_config
@@ -83,10 +93,14 @@ class Engine:
         max_tokens = check_lengths(len(prompt_ids), req.sampling, self.max_model_len, prompt_param)
         params = sampling_params(req.sampling, max_tokens, req.stream)
         try:
-            self.llm.add_request(engine_rid, {"prompt_token_ids": prompt_ids}, params, priority=req.priority)
-        except ValueError as e:  # vLLM's input checks: structured-output schema, logprobs limits, ...
+            self.llm.add_request(engine_rid, compat.token_prompt(prompt_ids), params, priority=req.priority)
+        except self._input_errors as e:  # vLLM's input checks: logprobs limits, structured-output schema, ...
             param = "response_format" if req.sampling.response_format is not None else None
             raise RequestError(str(e), param=param) from e
+        except RuntimeError as e:  # xgrammar raises RuntimeError for schemas it cannot compile
+            if req.sampling.response_format is None:
+                raise
+            raise RequestError(f"invalid response_format: {e}", param="response_format") from e
         self._tracked[engine_rid] = _Tracked(len(prompt_ids), req.sampling.logprobs or 0)
 
     def abort(self, engine_rids: list[str]) -> None:

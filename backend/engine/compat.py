@@ -50,6 +50,20 @@ def check_version(version: str) -> None:
             f"vLLM {version} is not supported (supported: {', '.join(v + 'x' for v in SUPPORTED_VERSIONS)})")
 
 
+def input_error_types() -> tuple[type[Exception], ...]:
+    """Exceptions vLLM raises for bad request input (0.26: ValueError; 0.29 adds VLLMClientError)."""
+    try:
+        from vllm.exceptions import VLLMClientError
+    except ImportError:
+        return (ValueError,)
+    return (ValueError, VLLMClientError)
+
+
+def token_prompt(prompt_token_ids: list[int]) -> dict:
+    """An already-tokenized prompt in the EngineInput form both versions accept without deprecation."""
+    return {"type": "token", "prompt_token_ids": prompt_token_ids}
+
+
 def engine_core(llm_engine):
     """The in-process EngineCore behind an LLMEngine (InprocClient.engine_core)."""
     return llm_engine.engine_core.engine_core

@@ -1,6 +1,7 @@
 """CUDA checks of the PoC math: goldens on the device, bit-equality with the reference's own ops, memory bound.
 
-Skipped without a GPU (CI is CPU-only); run on a CUDA machine with `pytest tests/unit -k poc_cuda`.
+Marked `gpu` and skipped without CUDA (CI is CPU-only); needs torch with CUDA but not vLLM. Run on a GPU
+machine with `pytest tests/unit -k poc_cuda`.
 """
 
 import math
@@ -14,7 +15,7 @@ from poc.rng import householder_vector, input_embeddings, normal
 from poc.seeds import string_seed
 from poc.transforms import pick_indices
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 BH, PK = "TEST_BLOCK", "test_pub_keys"
 CUDA = "cuda"

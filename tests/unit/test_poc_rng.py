@@ -210,7 +210,9 @@ def test_input_embeddings_rejects_empty_nonces():
 
 def test_householder_layer0_golden_h4096():
     v = householder_vector(BH, 0, 4096, CPU)
-    golden = [0.014585215, -0.003989412, -0.025719061, -0.000206031, 0.001738528, -0.022154555, 0.009364715, -0.010518039]
+    golden = [
+        0.014585215, -0.003989412, -0.025719061, -0.000206031, 0.001738528, -0.022154555, 0.009364715, -0.010518039,
+    ]
     np.testing.assert_allclose(v[:8].numpy(), golden, rtol=0, atol=1e-7)
 
 

@@ -1,0 +1,109 @@
+"""Operator's probe: talks to a backend socket like a frontend and prints what it sees.
+
+    python -m backend.probe --address ipc:///tmp/pocserve/backend.ipc           # one report
+    python -m backend.probe --watch --interval-s 2                                # refresh
+    python -m backend.probe --once --timeout-s 3                                  # healthcheck: exit 0/1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import msgspec
+import zmq
+
+from backend.settings import DEFAULT_ADDRESS
+from protocol.codec import frontend_codec
+from protocol.common import BackendStats, Fingerprint
+from protocol.control import HelloRequest, PingRequest, PongReply, ReadyReply
+from protocol.version import PROTOCOL_VERSION
+
+
+class Probe:
+    def __init__(self, address: str, timeout_s: float) -> None:
+        self.codec = frontend_codec()
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(address)
+        self.timeout_ms = int(timeout_s * 1000)
+        self.next_id = 1
+
+    def _await(self, kind: type, match=lambda m: True):
+        deadline = time.monotonic() + self.timeout_ms / 1000
+        while (left := deadline - time.monotonic()) > 0:
+            if not self.sock.poll(int(left * 1000) + 1):
+                break
+            try:
+                msg = self.codec.decode(self.sock.recv())
+            except msgspec.DecodeError:
+                continue
+            if isinstance(msg, kind) and match(msg):
+                return msg
+        return None
+
+    def ping(self) -> tuple[BackendStats | None, float]:
+        ping_id, self.next_id = self.next_id, self.next_id + 1
+        started = time.perf_counter()
+        self.sock.send(self.codec.encode(PingRequest(ping_id=ping_id)))
+        pong = self._await(PongReply, lambda m: m.ping_id == ping_id)
+        return (pong.stats if pong else None), time.perf_counter() - started
+
+    def hello(self) -> ReadyReply | None:
+        self.sock.send(self.codec.encode(HelloRequest(protocol_version=PROTOCOL_VERSION,
+                                                      frontend_id=f"probe-{os.getpid()}")))
+        return self._await(ReadyReply)
+
+
+def render(address: str, stats: BackendStats | None, rtt_s: float, ready: ReadyReply | None) -> str:
+    if stats is None:
+        return f"{address}: no answer within the timeout"
+    lines = [f"backend {address}  instance {stats.instance_id[:12]}  rtt {rtt_s * 1000:.2f} ms  "
+             f"uptime {stats.uptime_s:.0f} s  engine {'ready' if stats.is_engine_ready else 'loading'}"]
+    if ready is not None and ready.refusal:
+        lines.append(f"  handshake REFUSED: {ready.refusal}")
+    elif ready is not None and ready.fingerprint is not None:
+        fp: Fingerprint = ready.fingerprint
+        lines.append(f"  model {fp.served_model_name} ({fp.model_path})  vllm {fp.vllm_version} on "
+                     f"{fp.engine_device}  dtype {fp.dtype}  max_model_len {fp.max_model_len}  "
+                     f"block {fp.block_size}  protocol {fp.protocol_version}  poc {fp.poc_code_version}  "
+                     f"mode {fp.scheduling_mode}")
+    lines.append(f"  requests running {stats.num_running}  waiting {stats.num_waiting}  "
+                 f"finished {stats.num_finished_requests}  aborted {stats.num_aborted_requests}  "
+                 f"kv {stats.kv_cache_usage * 100:.1f}%")
+    lines.append(f"  engine steps {stats.num_engine_steps}  prompt tokens {stats.num_prompt_tokens}  "
+                 f"generated {stats.num_generation_tokens}  heartbeat age {stats.engine_heartbeat_age_s:.2f} s")
+    lines.append(f"  frontends {stats.num_frontends}  inbox {stats.inbox_depth}  outbox {stats.outbox_depth}  "
+                 f"rejected frames {stats.num_rejected_frames}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="pocserve-probe", description=__doc__.splitlines()[0])
+    p.add_argument("--address", default=os.environ.get("POCSERVE_BACKEND_ADDRESS", DEFAULT_ADDRESS))
+    p.add_argument("--timeout-s", type=float, default=2.0)
+    p.add_argument("--watch", action="store_true", help="refresh until interrupted")
+    p.add_argument("--interval-s", type=float, default=2.0)
+    p.add_argument("--once", action="store_true", help="healthcheck: print one line, exit 0 if ready")
+    args = p.parse_args(argv)
+    probe = Probe(args.address, args.timeout_s)
+    if args.once:
+        stats, rtt = probe.ping()
+        ok = stats is not None and stats.is_engine_ready
+        print("ready" if ok else ("loading" if stats else "unreachable"), f"rtt_ms={rtt * 1000:.2f}")
+        sys.exit(0 if ok else 1)
+    while True:
+        stats, rtt = probe.ping()
+        ready = probe.hello() if stats is not None and stats.is_engine_ready else None
+        if args.watch:
+            print("\033[2J\033[H", end="")
+        print(render(args.address, stats, rtt, ready), flush=True)
+        if not args.watch:
+            sys.exit(0 if stats is not None else 1)
+        time.sleep(args.interval_s)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""Chat and completions through the official openai client against the real stack (CPU vLLM engine)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+MESSAGES = [{"role": "user", "content": "Tell me about the weather today."}]
+
+
+@pytest.fixture(scope="module")
+def client(stack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_chat_non_stream_returns_text_and_usage(client, stack):
+    r = client.chat.completions.create(model=stack.model, messages=MESSAGES, max_tokens=12,
+                                       extra_body={"ignore_eos": True})
+    assert r.object == "chat.completion"
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 12
+    assert r.usage.prompt_tokens > 0
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 12
+
+
+def test_chat_stream_matches_non_stream_for_same_seed(client, stack):
+    kw = dict(model=stack.model, messages=MESSAGES, max_tokens=16, seed=7, temperature=0.8,
+              extra_body={"ignore_eos": True})
+    whole = client.chat.completions.create(**kw).choices[0].message.content
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["length"]
+    assert chunks[-1].usage.completion_tokens == 16
+
+
+def test_completions_non_stream_and_stream(client, stack):
+    r = client.completions.create(model=stack.model, prompt="Once upon a time", max_tokens=8, seed=3,
+                                  extra_body={"ignore_eos": True})
+    assert r.object == "text_completion"
+    assert r.usage.completion_tokens == 8
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=stack.model, prompt="Once upon a time", max_tokens=8, seed=3, stream=True,
+        extra_body={"ignore_eos": True}) if c.choices)
+    assert streamed == r.choices[0].text
+
+
+def test_chat_seed_is_deterministic_and_seeds_differ(client, stack):
+    def run(seed: int) -> str:
+        return client.chat.completions.create(model=stack.model, messages=MESSAGES, max_tokens=20,
+                                              temperature=1.0, seed=seed,
+                                              extra_body={"ignore_eos": True}).choices[0].message.content
+    assert run(1234) == run(1234)
+    assert run(1234) != run(4321)
+
+
+def test_chat_stop_string_ends_output_before_it(client, stack):
+    kw = dict(model=stack.model, messages=MESSAGES, max_tokens=40, temperature=0.0,
+              extra_body={"ignore_eos": True})
+    full = client.chat.completions.create(**kw).choices[0].message.content
+    stop = full[len(full) // 2: len(full) // 2 + 3]
+    assert stop.strip(), f"unlucky greedy output {full!r}"
+    r = client.chat.completions.create(stop=[stop], **kw)
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].message.content == full[: full.index(stop)]
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_chat_top_logprobs_has_k_entries_per_position(client, stack, k):
+    r = client.chat.completions.create(model=stack.model, messages=MESSAGES, max_tokens=6, logprobs=True,
+                                       top_logprobs=k, extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    assert len(content) == 6
+    for pos in content:
+        assert len(pos.top_logprobs) == k
+        assert pos.token.isdigit()  # the network's format: token ids as strings
+        assert pos.top_logprobs[0].token == pos.token  # the sampled token comes first
+        assert pos.logprob <= 0.0
+
+
+def test_chat_json_schema_output_parses(client, stack):
+    schema = {"type": "object", "properties": {"fruit": {"type": "string", "pattern": "^[a-z]{1,8}$"},
+                                               "count": {"type": "integer"}},
+              "required": ["fruit", "count"], "additionalProperties": False}
+    r = client.chat.completions.create(
+        model=stack.model, messages=[{"role": "user", "content": "Give me a fruit as JSON."}], max_tokens=120,
+        response_format={"type": "json_schema", "json_schema": {"name": "fruit", "schema": schema}})
+    assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+    data = json.loads(r.choices[0].message.content)
+    assert set(data) == {"fruit", "count"} and isinstance(data["count"], int)
+
+
+def test_models_lists_served_model(client, stack):
+    assert [m.id for m in client.models.list().data] == [stack.model]
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**9}, "max_tokens"),
+    ({"messages": []}, "messages"),
+    ({}, "messages"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
+    ({"messages": [{"role": "user", "content": "hi"}], "frobnicate": 1}, "frobnicate"),
+    ({"messages": [{"role": "user", "content": "hi"}], "temperature": 9}, "temperature"),
+    ({"messages": [{"role": "user", "content": "x " * 3000}]}, "messages"),
+    ({"messages": [{"role": "user", "content": "hi"}],
+      "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "bogus"}}}},
+     "response_format"),
+])
+def test_chat_bad_input_is_400_naming_param(stack, body, param):
+    r = httpx.post(f"{stack.base_url}/v1/chat/completions", json={"model": stack.model, **body}, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param, err
+    assert err["code"] == 400 and err["message"]
+
+
+def test_chat_invalid_json_body_is_400(stack):
+    r = httpx.post(f"{stack.base_url}/v1/chat/completions", content=b"{not json",
+                   headers={"content-type": "application/json"}, timeout=10)
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == 400
+
+
+def test_chat_unknown_model_is_404(stack):
+    r = httpx.post(f"{stack.base_url}/v1/chat/completions", timeout=10,
+                   json={"model": "nope", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 404
+    assert r.json()["error"]["param"] == "model"
+
+
+def test_chat_after_bad_requests_still_serves(client, stack):
+    r = client.chat.completions.create(model=stack.model, messages=MESSAGES, max_tokens=3)
+    assert r.choices[0].message.content is not None

@@ -1,0 +1,83 @@
+"""Test helpers that run the real processes: a backend (embedded vLLM CPU engine) and frontends over HTTP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    """A child process with its log in a file; tail() helps explain failures."""
+
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.args, self.log_path = args, log_path
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Proc":
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, *self.args], cwd=REPO, env=self.env, stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except FileNotFoundError:
+            return ""
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(30)
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.returncode
+
+
+def backend_args(model_dir: Path, address: str, *extra: str) -> list[str]:
+    return ["-m", "backend", "--model", str(model_dir), "--address", address, "--generate-model", "none",
+            "--enforce-eager", "--gpu-memory-utilization", "0.1", "--max-model-len", "1024",
+            "--no-json-whitespace", "--served-model-name", "tiny", *extra]
+
+
+def frontend_args(address: str, port: int, *extra: str) -> list[str]:
+    return ["-m", "frontend", "--backend-address", address, "--port", str(port), *extra]
+
+
+def wait_healthy(base_url: str, *procs: Proc, timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for proc in procs:
+            if proc.proc is not None and proc.proc.poll() is not None:
+                raise RuntimeError(f"{proc.args[1]} exited {proc.proc.returncode}:\n{proc.tail()}")
+        try:
+            if httpx.get(f"{base_url}/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{base_url} not healthy after {timeout_s} s:\n" + "\n".join(p.tail() for p in procs))
