@@ -43,10 +43,13 @@ def serve(settings: BackendSettings) -> int:
     server.start()
 
     from backend.engine.adapter import Engine  # imports vLLM: after the socket is up, so probes see us early
+    from backend.faults import FaultyEngine
     from backend.loop import BackendLoop
 
     try:
         engine = Engine(settings)
+        if settings.fault_fail_on_step:
+            engine = FaultyEngine(engine, settings.fault_fail_on_step)
         loop = BackendLoop(engine, server, inbox, control)
         control.fingerprint = engine.fingerprint()
 

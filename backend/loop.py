@@ -90,9 +90,10 @@ class BackendLoop:
     def stats(self) -> BackendStats:
         """The engine's side of the stats; the io thread fills in the connection side per pong."""
         rec = self.engine.stats
+        running, waiting, kv_usage = self.engine.load()
         return BackendStats(
-            instance_id=self.control.instance_id, uptime_s=0.0, num_frontends=0, num_running=rec.num_running, num_waiting=rec.num_waiting,
-            kv_cache_usage=rec.kv_cache_usage, num_engine_steps=self.num_steps,
+            instance_id=self.control.instance_id, uptime_s=0.0, num_frontends=0, num_running=running,
+            num_waiting=waiting, kv_cache_usage=kv_usage, num_engine_steps=self.num_steps,
             num_prompt_tokens=rec.num_prompt_tokens, num_generation_tokens=rec.num_generation_tokens,
             num_finished_requests=rec.num_finished, num_aborted_requests=self.num_aborted,
             num_rejected_frames=0,

@@ -37,6 +37,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("seed", "POCSERVE_SEED", 0, "engine seed", int),
     Option("json_whitespace", "POCSERVE_JSON_WHITESPACE", True,
            "let structured JSON output contain free whitespace (off: compact JSON)", bool),
+    Option("fault_fail_on_step", "POCSERVE_FAULT_FAIL_ON_STEP", 0,
+           "fault injection for tests: the engine raises on this step (0 = never)", int),
     Option("log_format", "POCSERVE_LOG_FORMAT", "console", "log output", choices=("console", "json")),
     Option("log_level", "POCSERVE_LOG_LEVEL", "info", "log level",
            choices=("debug", "info", "warning", "error")),
@@ -61,6 +63,7 @@ class BackendSettings:
     logprobs_mode: str
     seed: int
     json_whitespace: bool
+    fault_fail_on_step: int
     log_format: str
     log_level: str
 

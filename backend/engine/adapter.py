@@ -108,6 +108,11 @@ class Engine:
         for rid in engine_rids:
             self._tracked.pop(rid, None)
 
+    def load(self) -> tuple[int, int, float]:
+        """(running, waiting, kv usage) as of now; engine thread only."""
+        running, waiting = compat.request_counts(self.llm)
+        return running, waiting, compat.kv_cache_usage(self.llm)
+
     def has_work(self) -> bool:
         return self.llm.has_unfinished_requests()
 

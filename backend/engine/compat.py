@@ -69,5 +69,16 @@ def engine_core(llm_engine):
     return llm_engine.engine_core.engine_core
 
 
+def request_counts(llm_engine) -> tuple[int, int]:
+    """(running, waiting) read from the scheduler now, not from the last recorded iteration."""
+    sched = engine_core(llm_engine).scheduler
+    waiting = len(sched.waiting) + len(getattr(sched, "skipped_waiting", ()))
+    return len(sched.running), waiting
+
+
+def kv_cache_usage(llm_engine) -> float:
+    return float(engine_core(llm_engine).scheduler.kv_cache_manager.usage)
+
+
 def block_size(llm_engine) -> int:
     return int(llm_engine.vllm_config.cache_config.block_size)

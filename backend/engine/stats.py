@@ -16,9 +16,6 @@ class EngineStatsRecorder(StatLoggerBase):
     bounds = ITERATION_TOKEN_BOUNDS
 
     def __init__(self, vllm_config=None, engine_index: int = 0) -> None:
-        self.num_running = 0
-        self.num_waiting = 0
-        self.kv_cache_usage = 0.0
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
         self.num_finished = 0
@@ -28,10 +25,6 @@ class EngineStatsRecorder(StatLoggerBase):
         self.iteration_count = 0
 
     def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0) -> None:
-        if scheduler_stats is not None:
-            self.num_running = scheduler_stats.num_running_reqs
-            self.num_waiting = scheduler_stats.num_waiting_reqs
-            self.kv_cache_usage = scheduler_stats.kv_cache_usage
         if iteration_stats is None:
             return
         prompt = iteration_stats.prompt_token_stats.computed

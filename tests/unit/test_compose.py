@@ -1,0 +1,310 @@
+"""Static checks of the container files: docker-compose.yml, docker/*.Dockerfile, docker/nginx.conf.
+
+No docker engine runs in CI, so these parse the files: every service exists and builds from files that exist,
+the backend gets the GPU and no host port, the frontend image stays free of torch/vLLM, every POCSERVE_* name
+is a real setting of the process that reads it, every interpolation has a default, and the container defaults
+themselves pass settings validation.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from backend import settings as backend_settings
+from frontend import settings as frontend_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+BACKEND_DOCKERFILE = ROOT / "docker" / "backend.Dockerfile"
+FRONTEND_DOCKERFILE = ROOT / "docker" / "frontend.Dockerfile"
+NGINX_CONF = ROOT / "docker" / "nginx.conf"
+
+# Settings being added by the PoC API / access work: the compose file already sets them. Name -> the process
+# whose settings module will own it. Remove an entry once the option is in that module's OPTIONS.
+PENDING_SETTINGS: dict[str, str] = {
+    "POCSERVE_STATE_DIR": "backend",       # backend SQLite state directory (the named volume)
+    "POCSERVE_POW_API_TOKEN": "frontend",  # bearer token for /api/v1/pow/*
+}
+
+SETTINGS_ENVS = {
+    "backend": {opt.env for opt in backend_settings.OPTIONS},
+    "frontend": {opt.env for opt in frontend_settings.OPTIONS},
+}
+KNOWN_ENVS = {
+    process: envs | {name for name, owner in PENDING_SETTINGS.items() if owner == process}
+    for process, envs in SETTINGS_ENVS.items()
+}
+POCSERVE_NAME = re.compile(r"POCSERVE_[A-Z0-9_]+")
+INTERPOLATION = re.compile(r"\$\{([^}]*)\}")
+# ${NAME:-default} ${NAME-default} (default may be empty) or ${NAME:?message} ${NAME?message} (message required)
+WELL_FORMED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(:?-.*|:?\?.+)$")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict) -> dict:
+    return compose["services"]
+
+
+def _environment(service: dict) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) if "=" in item else (item, None) for item in env)
+    return env
+
+
+def _instructions(dockerfile: Path) -> list[tuple[str, str]]:
+    """(KEYWORD, arguments) per instruction, continuation lines joined, comments dropped."""
+    out, pending = [], ""
+    for line in dockerfile.read_text().splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        full = (pending + line).strip()
+        pending = ""
+        if full:
+            keyword, _, args = full.partition(" ")
+            out.append((keyword.upper(), args.strip()))
+    return out
+
+
+def _dockerfile_env(dockerfile: Path) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for keyword, args in _instructions(dockerfile):
+        if keyword == "ENV":
+            for token in args.split():
+                name, _, value = token.partition("=")
+                env[name] = value
+    return env
+
+
+def _resolve_defaults(value: object) -> str:
+    """The value compose would give with none of the variables set (`:?` ones get a stand-in)."""
+    def one(m: re.Match) -> str:
+        body = m.group(1)
+        if "?" in body and not re.search(r":?-", body.split("?")[0]):
+            return "stand-in"
+        return re.split(r":?-", body, maxsplit=1)[1]
+    return INTERPOLATION.sub(one, str(value))
+
+
+# --- services and build files -------------------------------------------------------------------------------
+
+def test_services_exist(services: dict) -> None:
+    assert {"backend", "frontend", "lb"} <= set(services)
+
+
+@pytest.mark.parametrize("name", ["backend", "frontend"])
+def test_build_context_and_dockerfile_exist(services: dict, name: str) -> None:
+    build = services[name]["build"]
+    context = (COMPOSE_FILE.parent / build["context"]).resolve()
+    assert context.is_dir(), context
+    assert (context / build["dockerfile"]).is_file(), build["dockerfile"]
+    assert (context / "pyproject.toml").is_file()
+
+
+def test_dockerfiles_copy_only_existing_paths() -> None:
+    for dockerfile in (BACKEND_DOCKERFILE, FRONTEND_DOCKERFILE):
+        for keyword, args in _instructions(dockerfile):
+            if keyword == "COPY" and not args.startswith("--from"):
+                *sources, _dest = args.split()
+                for src in sources:
+                    assert (ROOT / src).exists(), f"{dockerfile.name}: COPY {src} does not exist"
+
+
+def test_dockerignore_keeps_local_state_out() -> None:
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
+    assert {".venv", "models", ".stage", ".git", ".env"} <= ignored
+    assert not {"docker", "pyproject.toml", "backend", "frontend", "protocol"} & ignored
+
+
+# --- backend ------------------------------------------------------------------------------------------------
+
+def test_backend_reserves_nvidia_gpu(services: dict) -> None:
+    devices = services["backend"]["deploy"]["resources"]["reservations"]["devices"]
+    assert any(d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", []) for d in devices)
+
+
+def test_backend_is_internal_only(services: dict) -> None:
+    assert "ports" not in services["backend"], "the backend must not publish a host port"
+
+
+def test_backend_shared_memory_and_restart(services: dict) -> None:
+    backend = services["backend"]
+    assert backend.get("ipc") == "host" or "shm_size" in backend
+    assert backend.get("restart") == "unless-stopped"
+
+
+def test_backend_mounts_models_and_state(compose: dict, services: dict) -> None:
+    volumes = services["backend"]["volumes"]
+    assert any(v.endswith(":/models:ro") for v in volumes)
+    state_dir = _environment(services["backend"])["POCSERVE_STATE_DIR"]
+    mounted = [v.split(":")[0] for v in volumes if v.split(":")[1:2] == [state_dir]]
+    assert mounted, f"no volume mounted at POCSERVE_STATE_DIR={state_dir}"
+    assert mounted[0] in (compose.get("volumes") or {}), "state must live in a named volume"
+
+
+def test_backend_image_is_vllm_026() -> None:
+    text = BACKEND_DOCKERFILE.read_text()
+    assert "vllm/vllm-openai:v0.26.0" in text or "vllm==0.26.0" in text
+    entry = [args for keyword, args in _instructions(BACKEND_DOCKERFILE) if keyword == "ENTRYPOINT"]
+    assert entry == ['["python", "-m", "backend"]']
+    env = _dockerfile_env(BACKEND_DOCKERFILE)
+    assert env["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    assert env["HF_HUB_OFFLINE"] == "1"
+
+
+# --- frontend -----------------------------------------------------------------------------------------------
+
+def test_frontend_has_replicas_and_waits_for_backend_start_only(services: dict) -> None:
+    frontend = services["frontend"]
+    assert "replicas" in frontend["deploy"]
+    assert frontend["depends_on"]["backend"]["condition"] == "service_started"
+    assert "ports" not in frontend, "frontends are reached through lb; host ports would clash across replicas"
+    assert "container_name" not in frontend
+
+
+def test_frontend_image_installs_no_torch_or_vllm() -> None:
+    for line in FRONTEND_DOCKERFILE.read_text().splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        if "pip" in line or "install_deps" in line:
+            assert not re.search(r"torch|vllm|--extra", line, re.I), line
+    froms = [args for keyword, args in _instructions(FRONTEND_DOCKERFILE) if keyword in ("FROM", "ARG")]
+    assert not any(re.search(r"cuda|vllm|pytorch", a, re.I) for a in froms), froms
+    deps = " ".join(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+    assert not re.search(r"torch|vllm", deps, re.I), "pyproject core dependencies must stay frontend-only"
+
+
+def test_frontend_runs_as_non_root() -> None:
+    users = [args for keyword, args in _instructions(FRONTEND_DOCKERFILE) if keyword == "USER"]
+    assert users and users[-1].split(":")[0] not in ("root", "0")
+    entry = [args for keyword, args in _instructions(FRONTEND_DOCKERFILE) if keyword == "ENTRYPOINT"]
+    assert entry == ['["python", "-m", "frontend"]']
+
+
+def test_pow_token_is_required(services: dict) -> None:
+    value = _environment(services["frontend"])["POCSERVE_POW_API_TOKEN"]
+    assert re.fullmatch(r"\$\{POCSERVE_POW_API_TOKEN:\?.+\}", value), value
+
+
+# --- settings names and values ------------------------------------------------------------------------------
+
+def test_every_pocserve_name_is_a_setting() -> None:
+    every = KNOWN_ENVS["backend"] | KNOWN_ENVS["frontend"]
+    for path in (COMPOSE_FILE, BACKEND_DOCKERFILE, FRONTEND_DOCKERFILE):
+        unknown = set(POCSERVE_NAME.findall(path.read_text())) - every
+        assert not unknown, f"{path.name}: not a setting (typo?): {sorted(unknown)}"
+
+
+@pytest.mark.parametrize("process", ["backend", "frontend"])
+def test_each_service_sets_only_its_own_settings(services: dict, process: str) -> None:
+    dockerfile = BACKEND_DOCKERFILE if process == "backend" else FRONTEND_DOCKERFILE
+    names = set(_environment(services[process])) | set(_dockerfile_env(dockerfile))
+    misplaced = {n for n in names if n.startswith("POCSERVE_")} - KNOWN_ENVS[process]
+    assert not misplaced, f"{process} does not read {sorted(misplaced)}"
+
+
+def test_pending_settings_are_still_pending() -> None:
+    landed = {name for name, process in PENDING_SETTINGS.items() if name in SETTINGS_ENVS[process]}
+    assert not landed, f"now real settings, drop them from PENDING_SETTINGS: {sorted(landed)}"
+
+
+def _strings(node: object):
+    """Every key and scalar of the parsed file (what compose interpolates; comments are gone)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield str(key)
+            yield from _strings(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _strings(item)
+    elif node is not None:
+        yield str(node)
+
+
+def test_every_interpolation_has_default_or_message(compose: dict) -> None:
+    seen = 0
+    for text in _strings(compose):
+        text = text.replace("$$", "")  # $$ is a literal $ for the container's shell
+        for body in INTERPOLATION.findall(text):
+            seen += 1
+            assert WELL_FORMED.match(body), f"${{{body}}} needs a :-default or a :?message"
+        bare = re.findall(r"\$(?!\{)[A-Za-z_][A-Za-z0-9_]*", text)
+        assert not bare, f"bare $VAR has no default (write $$ for the container's shell): {bare}"
+    assert seen, "no interpolation found: parser broken?"
+
+
+def test_environment_values_are_strings_or_numbers(services: dict) -> None:
+    for name, service in services.items():
+        for key, value in _environment(service).items():
+            assert isinstance(value, (str, int, float)) and not isinstance(value, bool), (name, key, value)
+
+
+@pytest.mark.parametrize("process", ["backend", "frontend"])
+def test_container_defaults_pass_settings_validation(services: dict, process: str) -> None:
+    dockerfile = BACKEND_DOCKERFILE if process == "backend" else FRONTEND_DOCKERFILE
+    environ = _dockerfile_env(dockerfile)
+    environ.update({k: _resolve_defaults(v) for k, v in _environment(services[process]).items()})
+    module = backend_settings if process == "backend" else frontend_settings
+    module.load_settings(argv=[], environ=environ)  # raises SettingsError on a bad value
+
+
+def test_backend_binds_where_frontends_connect(services: dict) -> None:
+    bind = _environment(services["backend"])["POCSERVE_BACKEND_ADDRESS"]
+    connect = _environment(services["frontend"])["POCSERVE_BACKEND_ADDRESS"]
+    assert bind.startswith("tcp://0.0.0.0:") and connect == f"tcp://backend:{bind.rsplit(':', 1)[1]}"
+    assert _dockerfile_env(BACKEND_DOCKERFILE)["POCSERVE_BACKEND_ADDRESS"] == bind
+    assert _dockerfile_env(FRONTEND_DOCKERFILE)["POCSERVE_BACKEND_ADDRESS"] == connect
+
+
+# --- health -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["backend", "frontend", "lb"])
+def test_compose_healthchecks(services: dict, name: str) -> None:
+    check = services[name]["healthcheck"]
+    assert check.get("test") and not check.get("disable")
+
+
+def test_healthcheck_commands(services: dict) -> None:
+    backend = " ".join(a for k, a in _instructions(BACKEND_DOCKERFILE) if k == "HEALTHCHECK")
+    assert "python -m backend.probe" in backend and "--once" in backend and "--timeout-s" in backend
+    frontend = " ".join(a for k, a in _instructions(FRONTEND_DOCKERFILE) if k == "HEALTHCHECK")
+    assert "urllib" in frontend and "/health" in frontend
+    compose_backend = " ".join(services["backend"]["healthcheck"]["test"])
+    assert "backend.probe" in compose_backend and "--once" in compose_backend
+
+
+# --- load balancer ------------------------------------------------------------------------------------------
+
+def test_lb_publishes_and_mounts_nginx_conf(services: dict) -> None:
+    lb = services["lb"]
+    assert lb["image"].startswith("nginx:1.27")
+    assert any(str(p).endswith(":8000") for p in lb["ports"])
+    mounts = [v.split(":") for v in lb["volumes"]]
+    conf = [src for src, dst, *_ in mounts if dst == "/etc/nginx/nginx.conf"]
+    assert conf and (COMPOSE_FILE.parent / conf[0]).resolve() == NGINX_CONF
+
+
+def test_nginx_conf_balances_and_streams() -> None:
+    text = re.sub(r"#.*", "", NGINX_CONF.read_text())
+    assert "proxy_buffering off" in text
+    assert "resolver 127.0.0.11" in text
+    assert re.search(r"server\s+frontend:8000\s+resolve", text) or re.search(r"set\s+\$upstream.*frontend", text)
+    assert "least_conn" in text
+    assert "proxy_http_version 1.1" in text
+    assert "proxy_read_timeout 3600s" in text
+    assert re.search(r"listen\s+8000", text)
+    assert text.count("{") == text.count("}")

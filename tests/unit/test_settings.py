@@ -1,0 +1,145 @@
+"""Unit tests for the settings of both processes: precedence, validation errors, env naming and docs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from backend import settings as backend_settings
+from frontend import settings as frontend_settings
+from protocol.config import SettingsError
+
+REPO = Path(__file__).resolve().parents[2]
+MODULES = [backend_settings, frontend_settings]
+IDS = ["backend", "frontend"]
+
+
+# --- precedence: CLI flag > environment variable > default ---
+
+PRECEDENCE = [
+    (backend_settings, "max_model_len", "POCSERVE_MAX_MODEL_LEN", "4096", "1024", 2048, 4096, 1024),
+    (backend_settings, "gpu_memory_utilization", "POCSERVE_GPU_MEMORY_UTILIZATION", "0.5", "0.75", 0.3, 0.5, 0.75),
+    (backend_settings, "logprobs_mode", "POCSERVE_LOGPROBS_MODE", "raw_logprobs", "processed_logprobs",
+     "processed_logprobs", "raw_logprobs", "processed_logprobs"),
+    (backend_settings, "address", "POCSERVE_BACKEND_ADDRESS", "ipc:///tmp/a.ipc", "tcp://127.0.0.1:5555",
+     backend_settings.DEFAULT_ADDRESS, "ipc:///tmp/a.ipc", "tcp://127.0.0.1:5555"),
+    (frontend_settings, "port", "POCSERVE_PORT", "9000", "9100", 8000, 9000, 9100),
+    (frontend_settings, "ping_interval_s", "POCSERVE_PING_INTERVAL_S", "0.25", "2", 0.5, 0.25, 2.0),
+    (frontend_settings, "logprob_token_format", "POCSERVE_LOGPROB_TOKEN_FORMAT", "text", "ids", "ids", "text",
+     "ids"),
+    (frontend_settings, "backend_address", "POCSERVE_BACKEND_ADDRESS", "ipc:///tmp/a.ipc", "ipc:///tmp/b.ipc",
+     "ipc:///tmp/pocserve/backend.ipc", "ipc:///tmp/a.ipc", "ipc:///tmp/b.ipc"),
+]
+
+
+@pytest.mark.parametrize("module,name,env,env_value,flag_value,default,env_parsed,flag_parsed", PRECEDENCE,
+                         ids=[f"{row[0].__name__.split('.')[0]}-{row[1]}" for row in PRECEDENCE])
+def test_settings_cli_beats_env_beats_default(module, name, env, env_value, flag_value, default, env_parsed,
+                                              flag_parsed):
+    flag = "--" + name.replace("_", "-")
+    assert getattr(module.load_settings([], {}), name) == default
+    assert getattr(module.load_settings([], {env: env_value}), name) == env_parsed
+    assert getattr(module.load_settings([flag, flag_value], {env: env_value}), name) == flag_parsed
+    assert getattr(module.load_settings([flag, flag_value], {}), name) == flag_parsed
+
+
+@pytest.mark.parametrize("module,name,env,flag", [
+    (backend_settings, "enforce_eager", "POCSERVE_ENFORCE_EAGER", "--enforce-eager"),
+    (backend_settings, "bind_any", "POCSERVE_BACKEND_BIND_ANY", "--bind-any"),
+], ids=["enforce_eager", "bind_any"])
+def test_settings_bool_cli_beats_env_beats_default(module, name, env, flag):
+    assert getattr(module.load_settings([], {}), name) is False
+    for raw in ("1", "true", "YES", "on"):
+        assert getattr(module.load_settings([], {env: raw}), name) is True
+    for raw in ("0", "false", "no", "off", ""):
+        assert getattr(module.load_settings([], {env: raw}), name) is False
+    no_flag = "--no-" + flag.removeprefix("--")
+    assert getattr(module.load_settings([no_flag], {env: "1"}), name) is False
+    assert getattr(module.load_settings([flag], {env: "0"}), name) is True
+
+
+@pytest.mark.parametrize("module", MODULES, ids=IDS)
+def test_settings_defaults_load_without_env(module):
+    module.load_settings([], {})
+
+
+def test_settings_frontend_id_defaults_to_host_pid():
+    assert frontend_settings.load_settings([], {}).frontend_id
+    assert frontend_settings.load_settings([], {"POCSERVE_FRONTEND_ID": "fe-1"}).frontend_id == "fe-1"
+
+
+# --- bad values: SettingsError naming the flag or the variable ---
+
+@pytest.mark.parametrize("module,argv,environ,names", [
+    (backend_settings, [], {"POCSERVE_MAX_MODEL_LEN": "lots"}, ["POCSERVE_MAX_MODEL_LEN"]),
+    (backend_settings, [], {"POCSERVE_GPU_MEMORY_UTILIZATION": "half"}, ["POCSERVE_GPU_MEMORY_UTILIZATION"]),
+    (backend_settings, [], {"POCSERVE_ENFORCE_EAGER": "maybe"}, ["POCSERVE_ENFORCE_EAGER"]),
+    (backend_settings, [], {"POCSERVE_LOGPROBS_MODE": "cooked"}, ["--logprobs-mode", "POCSERVE_LOGPROBS_MODE"]),
+    (backend_settings, [], {"POCSERVE_GENERATE_MODEL": "huge"}, ["--generate-model", "POCSERVE_GENERATE_MODEL"]),
+    (backend_settings, ["--max-model-len", "0"], {}, ["--max-model-len"]),
+    (backend_settings, [], {"POCSERVE_MAX_MODEL_LEN": "-1"}, ["--max-model-len"]),
+    (backend_settings, ["--gpu-memory-utilization", "1.5"], {}, ["--gpu-memory-utilization"]),
+    (backend_settings, ["--block-size", "-16"], {}, ["--block-size"]),
+    (backend_settings, ["--address", "tcp://0.0.0.0:5555"], {}, ["--address", "POCSERVE_BACKEND_BIND_ANY"]),
+    (backend_settings, ["--address", "tcp://*:5555"], {}, ["--address", "POCSERVE_BACKEND_BIND_ANY"]),
+    (backend_settings, [], {"POCSERVE_BACKEND_ADDRESS": "tcp://[::]:5555"}, ["--address"]),
+    (backend_settings, ["--address", "udp://127.0.0.1:5555"], {}, ["--address", "POCSERVE_BACKEND_ADDRESS"]),
+    (frontend_settings, [], {"POCSERVE_PORT": "http"}, ["POCSERVE_PORT"]),
+    (frontend_settings, [], {"POCSERVE_LOGPROB_TOKEN_FORMAT": "bytes"},
+     ["--logprob-token-format", "POCSERVE_LOGPROB_TOKEN_FORMAT"]),
+    (frontend_settings, [], {"POCSERVE_LOG_LEVEL": "loud"}, ["--log-level", "POCSERVE_LOG_LEVEL"]),
+    (frontend_settings, ["--ping-interval-s", "0"], {}, ["--ping-interval-s"]),
+    (frontend_settings, ["--backend-timeout-s", "-1"], {}, ["--backend-timeout-s"]),
+    (frontend_settings, ["--breaker-misses", "0"], {}, ["--breaker-misses"]),
+])
+def test_settings_bad_value_raises_settings_error_naming_it(module, argv, environ, names):
+    with pytest.raises(SettingsError) as info:
+        module.load_settings(argv, environ)
+    for name in names:
+        assert name in str(info.value)
+
+
+def test_settings_wildcard_tcp_bind_allowed_with_bind_any():
+    s = backend_settings.load_settings(["--address", "tcp://0.0.0.0:5555", "--bind-any"], {})
+    assert s.bind_any and s.address == "tcp://0.0.0.0:5555"
+    s = backend_settings.load_settings([], {"POCSERVE_BACKEND_ADDRESS": "tcp://*:5555",
+                                            "POCSERVE_BACKEND_BIND_ANY": "1"})
+    assert s.bind_any
+
+
+@pytest.mark.parametrize("module,argv,flag", [
+    (backend_settings, ["--max-model-len", "lots"], "--max-model-len"),
+    (backend_settings, ["--logprobs-mode", "cooked"], "--logprobs-mode"),
+    (frontend_settings, ["--logprob-token-format", "bytes"], "--logprob-token-format"),
+])
+def test_settings_bad_cli_value_exits_with_usage_naming_the_flag(module, argv, flag, capsys):
+    # argparse validates CLI values itself: exit status 2 and a usage line, like any bad flag.
+    with pytest.raises(SystemExit) as info:
+        module.load_settings(argv, {})
+    assert info.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+# --- naming and documentation ---
+
+@pytest.mark.parametrize("module", MODULES, ids=IDS)
+def test_settings_every_env_name_starts_with_pocserve(module):
+    assert [o.env for o in module.OPTIONS if not o.env.startswith("POCSERVE_")] == []
+
+
+@pytest.mark.parametrize("module", MODULES, ids=IDS)
+def test_settings_every_option_is_a_settings_field(module):
+    names = [o.name for o in module.OPTIONS]
+    assert len(names) == len(set(names))
+    assert len({o.env for o in module.OPTIONS}) == len(names)
+    assert set(names) == set(vars(module.load_settings([], {})))
+
+
+@pytest.mark.parametrize("module", MODULES, ids=IDS)
+def test_settings_readme_mentions_every_env_name(module):
+    readme = REPO / "README.md"
+    if not readme.exists():
+        pytest.skip(f"{readme} does not exist yet: nothing to check the env names against")
+    text = readme.read_text()
+    assert [o.env for o in module.OPTIONS if o.env not in text] == []
