@@ -18,6 +18,7 @@ from vllm.usage.usage_lib import UsageContext  # noqa: E402
 from vllm.v1.engine.llm_engine import LLMEngine  # noqa: E402
 
 from backend.engine.outputs import to_delta  # noqa: E402
+from backend.engine.poc import PocRunner  # noqa: E402
 from backend.engine.stats import RecorderFactory  # noqa: E402
 from backend.engine.params import check_lengths, render_prompt, sampling_params  # noqa: E402
 from backend.errors import RequestError  # noqa: E402
@@ -62,6 +63,7 @@ class Engine:
             logprobs_mode=settings.logprobs_mode, seed=settings.seed,
             block_size=settings.block_size or None, enable_prefix_caching=True,
             structured_outputs_config=_structured_outputs_config(settings),
+            worker_extension_cls="poc.worker.PocWorkerExtension",
         )
         started = time.monotonic()
         factory = RecorderFactory()
@@ -69,6 +71,7 @@ class Engine:
         self.llm = LLMEngine.from_engine_args(args, usage_context=UsageContext.OPENAI_API_SERVER,
                                               stat_loggers=[factory], enable_multiprocessing=False)
         self.tokenizer = self.llm.get_tokenizer()
+        self.poc = PocRunner(self.llm, settings.max_num_seqs, settings.max_num_batched_tokens)
         self.max_model_len = int(self.llm.model_config.max_model_len)
         log.info("engine_ready", model=str(settings.model), vllm_version=vllm.__version__,
                  block_size=compat.block_size(self.llm), elapsed_s=round(time.monotonic() - started, 1))

@@ -80,5 +80,10 @@ def kv_cache_usage(llm_engine) -> float:
     return float(engine_core(llm_engine).scheduler.kv_cache_manager.usage)
 
 
+def block_pool(llm_engine):
+    """The scheduler's KV BlockPool (get_new_blocks / free_blocks / get_num_free_blocks)."""
+    return engine_core(llm_engine).scheduler.kv_cache_manager.block_pool
+
+
 def block_size(llm_engine) -> int:
     return int(llm_engine.vllm_config.cache_config.block_size)

@@ -170,6 +170,7 @@ def test_protocol_encode_matches_golden_bytes(cls, golden):
 
 @pytest.mark.parametrize("cls", ALL_MESSAGE_TYPES, ids=lambda c: c.__name__)
 def test_protocol_decode_round_trips(cls):
+    assert cls in CANONICAL, f"add a fully-populated canonical {cls.__name__} to CANONICAL"
     codec = backend_codec() if cls in TO_BACKEND_TYPES else frontend_codec()
     msg = CANONICAL[cls]
     decoded = codec.decode(codec.encode(msg))

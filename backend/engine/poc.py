@@ -1,0 +1,84 @@
+"""PoC artifact batches between engine steps: KV blocks leased from vLLM's pool, the forward in the workers.
+
+Engine thread only. Blocks come from the scheduler's own BlockPool, so they are disjoint from every running
+request's blocks and never the null block 0; they go back to the pool before the next engine step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import structlog
+
+from backend.engine import compat
+from poc.errors import PocInputError
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class ArtifactJob:
+    block_hash: str
+    public_key: str
+    nonces: tuple[int, ...]
+    seq_len: int
+    k_dim: int = 12
+    stronger_rng: bool = False
+
+
+class NoFreeBlocks(Exception):
+    """Not even one sequence fits in the free KV blocks now; retry after an engine step frees some."""
+
+
+class PocRunner:
+    def __init__(self, llm, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        self._llm = llm
+        self._pool = compat.block_pool(llm)
+        self.block_size = compat.block_size(llm)
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = int(llm.model_config.max_model_len)
+        self.hidden_size = int(llm.collective_rpc("poc_hidden_size")[0])
+        self.num_nonces = 0
+
+    def check(self, job: ArtifactJob) -> None:
+        """Raises PocInputError naming the field for a job this engine cannot run."""
+        if not job.nonces:
+            raise PocInputError("nonces", "nonces must not be empty")
+        if not 0 < job.k_dim <= self.hidden_size:
+            raise PocInputError("k_dim", f"k_dim must be in [1, {self.hidden_size}], got {job.k_dim}")
+        limit = min(self.max_model_len, self.max_num_batched_tokens)
+        if not 0 < job.seq_len <= limit:
+            raise PocInputError("seq_len", f"seq_len must be in [1, {limit}] on this engine, got {job.seq_len}")
+        if self.blocks_per_seq(job.seq_len) > self._pool.num_gpu_blocks - 1:
+            raise PocInputError("seq_len", f"seq_len {job.seq_len} needs more KV blocks than the engine has")
+
+    def blocks_per_seq(self, seq_len: int) -> int:
+        return -(-seq_len // self.block_size)
+
+    def max_batch(self, seq_len: int) -> int:
+        """Sequences per forward: ≤ max_num_seqs and ≤ max_num_batched_tokens (activation memory was profiled
+        for that many tokens; the rest of device memory went to the KV cache)."""
+        return max(1, min(self.max_num_seqs, self.max_num_batched_tokens // seq_len))
+
+    def run(self, job: ArtifactJob, nonces: list[int]) -> tuple[list[tuple[int, str]], int]:
+        """One forward over `nonces` (already ≤ max_batch); shrinks to what the free blocks allow.
+
+        Returns (artifacts, number of nonces run): the run ones are a prefix of `nonces`; NaN rows are
+        missing from the artifacts (spec §1.9) but still count as run."""
+        per_seq = self.blocks_per_seq(job.seq_len)
+        fits = self._pool.get_num_free_blocks() // per_seq
+        if fits == 0:
+            raise NoFreeBlocks(f"{per_seq} blocks needed, {self._pool.get_num_free_blocks()} free")
+        nonces = nonces[:fits]
+        blocks = self._pool.get_new_blocks(len(nonces) * per_seq)
+        try:
+            block_ids = [b.block_id for b in blocks]
+            assert 0 not in block_ids, "the null block must never be leased"
+            result = self._llm.collective_rpc(
+                "poc_artifacts", args=(block_ids, job.block_hash, job.public_key, list(nonces), job.seq_len,
+                                       job.k_dim, job.stronger_rng))[0]
+        finally:
+            self._pool.free_blocks(blocks)
+        self.num_nonces += len(nonces)
+        return [(int(n), str(v)) for n, v in result], len(nonces)

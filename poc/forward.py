@@ -1,0 +1,56 @@
+"""A batched causal prefill of given input embeddings through vLLM's model runner, on leased KV blocks.
+
+Runs inside the worker (see poc/worker.py). Follows vLLM's own metadata construction (gpu_model_runner
+_build_attention_metadata), with positions 0..L-1 for every sequence and no previously computed tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.forward_context import set_forward_context
+from vllm.v1.attention.backend import CommonAttentionMetadata
+
+
+def _kernel_block_size(mr, group_id: int) -> int:
+    sizes = getattr(mr, "_kernel_block_sizes", None) or getattr(mr, "kernel_block_sizes", None)
+    return int(sizes[group_id])
+
+
+def prefill_last_hidden(mr, cfg, model, block_ids: list[int], x: torch.Tensor) -> torch.Tensor:
+    """x: [B, L, H] inputs in the model dtype. Returns the final-norm hidden state at position L-1, float32."""
+    num_seqs, seq_len, hidden_size = x.shape
+    device = x.device
+    kv = mr.kv_cache_config
+    block_size = cfg.cache_config.block_size
+    blocks_per_seq = -(-seq_len // block_size)
+    if len(block_ids) != num_seqs * blocks_per_seq:
+        raise ValueError(f"{len(block_ids)} leased blocks for {num_seqs}x{blocks_per_seq}")
+    ids = torch.tensor(block_ids, dtype=torch.int64).view(num_seqs, blocks_per_seq)
+    pos = torch.arange(seq_len)
+    qsl = torch.arange(num_seqs + 1, dtype=torch.int32) * seq_len
+    seq_lens = torch.full((num_seqs,), seq_len, dtype=torch.int32)
+    attn_metadata, slot_mappings = {}, {}
+    for gid, group in enumerate(kv.kv_cache_groups):
+        kbs = _kernel_block_size(mr, gid)
+        per = block_size // kbs
+        kernel_blocks = (ids[:, :, None] * per + torch.arange(per)).view(num_seqs, blocks_per_seq * per)
+        slots = (kernel_blocks.gather(1, (pos // kbs).expand(num_seqs, seq_len)) * kbs + pos % kbs).reshape(-1)
+        common = CommonAttentionMetadata(
+            query_start_loc=qsl.to(device), query_start_loc_cpu=qsl, seq_lens=seq_lens.to(device),
+            num_reqs=num_seqs, num_actual_tokens=num_seqs * seq_len, max_query_len=seq_len,
+            max_seq_len=seq_len, block_table_tensor=kernel_blocks.to(device, torch.int32),
+            slot_mapping=slots.to(device), causal=True, positions=pos.repeat(num_seqs).to(device),
+            is_prefilling=torch.ones(num_seqs, dtype=torch.bool, device=device),
+            seq_lens_cpu_upper_bound=seq_lens, _seq_lens_cpu=seq_lens,
+            _num_computed_tokens_cpu=torch.zeros(num_seqs, dtype=torch.int32))
+        for attn_group in mr.attn_groups[gid]:
+            built = attn_group.get_metadata_builder(0).build(
+                common_prefix_len=0, common_attn_metadata=common, fast_build=True)
+            attn_metadata.update(dict.fromkeys(attn_group.layer_names, built))
+        slot_mappings.update(dict.fromkeys(group.layer_names, common.slot_mapping))
+    positions = pos.repeat(num_seqs).to(device)
+    embeds = x.reshape(num_seqs * seq_len, hidden_size)
+    with set_forward_context(attn_metadata, cfg, num_tokens=num_seqs * seq_len, slot_mapping=slot_mappings,
+                             skip_compiled=True):
+        hidden = model(input_ids=None, positions=positions, intermediate_tensors=None, inputs_embeds=embeds)
+    return hidden.view(num_seqs, seq_len, hidden_size)[:, -1].float()

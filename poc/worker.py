@@ -1,0 +1,96 @@
+"""The worker-side PoC forward: a vLLM worker extension whose methods the engine thread calls by name.
+
+Installed with `worker_extension_cls="poc.worker.PocWorkerExtension"`; vLLM mixes it into the worker class,
+so `self` is the Worker (model_runner, device, vllm_config). Every TP rank runs the same method with the same
+arguments and regenerates the inputs itself, so nothing large crosses processes.
+
+Invariants (each one cost someone invalid votes, see ARCHITECTURE §9):
+- attention metadata is built fresh for every forward (a cached one produced all-NaN hidden states);
+- inputs come from a fresh buffer, never a view into KV-cache memory;
+- KV writes go only to blocks the engine thread leased for this forward (never the null block 0);
+- the eager model path (`skip_compiled=True`) runs, so the layer hooks fire and no compiled graph is reused;
+- reflection hooks exist only for the duration of the PoC forward.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from poc.artifacts import compute_artifacts
+from poc.errors import PocInputError
+from poc.rng import householder_vectors, input_embeddings
+from poc.transforms import reflect
+
+
+def _decoder_layers(model: torch.nn.Module):
+    """The first of model.model.layers / model.transformer.h / model.layers that exists (the fork's rule)."""
+    for path in (("model", "layers"), ("transformer", "h"), ("layers",)):
+        obj = model
+        for name in path:
+            obj = getattr(obj, name, None)
+            if obj is None:
+                break
+        if obj is not None:
+            return obj
+    raise PocInputError("model", f"{type(model).__name__} has no decoder layer list to reflect")
+
+
+def _reflect_output(vector: torch.Tensor):
+    def hook(_module, _inputs, output):
+        if isinstance(output, tuple):
+            if len(output) >= 2:
+                return (reflect(output[0], vector), reflect(output[1], vector), *output[2:])
+            return (reflect(output[0], vector),)
+        return reflect(output, vector)
+    return hook
+
+
+@contextmanager
+def reflection_hooks(model: torch.nn.Module, vectors: torch.Tensor):
+    """Reflects every decoder layer's (hidden, residual) output with that layer's Householder vector.
+
+    vLLM layers return (hidden, residual) and the true residual stream is their sum, so reflecting both equals
+    reflecting the whole stream after every layer (reflection is linear)."""
+    handles = []
+    try:
+        for layer, vector in zip(_decoder_layers(model), vectors, strict=False):
+            if isinstance(layer, torch.nn.Module) and type(layer).__name__ != "PPMissingLayer":
+                handles.append(layer.register_forward_hook(_reflect_output(vector)))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
+class PocWorkerExtension:
+    """Methods mixed into vLLM's Worker; called through collective_rpc by name."""
+
+    def poc_hidden_size(self) -> int:
+        return int(self.model_runner.model_config.get_hidden_size())
+
+    @torch.inference_mode()
+    def poc_artifacts(self, block_ids: list[int], block_hash: str, public_key: str, nonces: list[int],
+                      seq_len: int, k_dim: int, stronger_rng: bool) -> list[tuple[int, str]]:
+        """One batched causal prefill of the seeded inputs; returns (nonce, vector_b64) for finite rows."""
+        from poc import forward  # vLLM imports stay out of the engine-free poc modules
+
+        mr, cfg = self.model_runner, self.vllm_config
+        device = torch.device(self.device) if not isinstance(self.device, torch.device) else self.device
+        _sync(device)  # the previous engine step may still be running on this stream
+        model = mr.get_model()
+        hidden_size = int(cfg.model_config.get_hidden_size())
+        dtype = cfg.model_config.dtype
+        x = input_embeddings(block_hash, public_key, nonces, seq_len, hidden_size, device, dtype,
+                             stronger_rng=stronger_rng)
+        num_layers = len(_decoder_layers(model))
+        vectors = householder_vectors(block_hash, num_layers, hidden_size, device)
+        with reflection_hooks(model, vectors):
+            hidden = forward.prefill_last_hidden(mr, cfg, model, block_ids, x)
+        return compute_artifacts(hidden, block_hash, public_key, nonces, k_dim)
