@@ -50,7 +50,7 @@ def serve(settings: BackendSettings) -> int:
         engine = Engine(settings)
         if settings.fault_fail_on_step:
             engine = FaultyEngine(engine, settings.fault_fail_on_step)
-        loop = BackendLoop(engine, server, inbox, control)
+        loop = BackendLoop(engine, server, inbox, control, poc_batches_per_step=settings.poc_batches_per_step)
         control.fingerprint = engine.fingerprint()
 
         def stop(signum, _frame) -> None:

@@ -9,11 +9,15 @@ from collections import defaultdict
 import structlog
 
 from backend import policy
+from backend.artifact_queue import ArtifactQueue, ArtifactTask
 from backend.control import ControlPlane
+from backend.engine.poc import ArtifactJob
 from backend.errors import RequestError
 from backend.ipc import SocketServer
 from protocol.common import BackendStats, ErrorInfo
+from poc.errors import PocInputError
 from protocol.generate import AbortRequest, Delta, DeltasEvent, GenerateErrorReply, GenerateRequest
+from protocol.poc import PocArtifactsReply, PocArtifactsRequest
 
 log = structlog.get_logger(__name__)
 
@@ -25,7 +29,8 @@ _PUBLISH_INTERVAL_S = 0.05
 class BackendLoop:
     """Owns the request → frontend routing table; engine, server and inbox are passed in."""
 
-    def __init__(self, engine, server: SocketServer, inbox: queue.Queue, control: ControlPlane) -> None:
+    def __init__(self, engine, server: SocketServer, inbox: queue.Queue, control: ControlPlane, *,
+                 poc_batches_per_step: int = 1) -> None:
         self.engine = engine
         self.server = server
         self.inbox = inbox
@@ -36,14 +41,23 @@ class BackendLoop:
         self.num_steps = 0
         self.num_aborted = 0
         self._published_at = 0.0
-        self.handlers = {GenerateRequest: self._on_generate, AbortRequest: self._on_abort}
+        self.artifacts = ArtifactQueue(engine.poc)
+        self.poc_batches_per_step = poc_batches_per_step
+        self.num_poc_since_step = 0
+        self.handlers = {GenerateRequest: self._on_generate, AbortRequest: self._on_abort,
+                         PocArtifactsRequest: self._on_poc_artifacts}
 
     def run(self) -> None:
         while self.is_running:
-            self.ingest(block=not self.engine.has_work())
-            work = policy.choose(policy.Snapshot(has_engine_work=self.engine.has_work()))
-            self.execute(work)
+            self.ingest(block=not (self.engine.has_work() or self.artifacts))
+            self.execute(policy.choose(self.snapshot()))
             self.publish()
+
+    def snapshot(self) -> policy.Snapshot:
+        return policy.Snapshot(
+            has_engine_work=self.engine.has_work(), has_poc_work=len(self.artifacts) > 0,
+            num_poc_since_step=self.num_poc_since_step, poc_batches_per_step=self.poc_batches_per_step,
+            is_poc_blocked=self.artifacts.is_blocked)
 
     def ingest(self, block: bool) -> None:
         try:
@@ -63,6 +77,11 @@ class BackendLoop:
             case policy.EngineStep():
                 self.route(self.engine.step())
                 self.num_steps += 1
+                self.num_poc_since_step = 0
+                self.artifacts.unblock()
+            case policy.PocBatch():
+                self.artifacts.run_batch()
+                self.num_poc_since_step += 1
             case policy.Idle():
                 pass
 
@@ -127,3 +146,14 @@ class BackendLoop:
             self.engine.abort(known)
             self.num_aborted += len(known)
             log.info("requests_aborted", num=len(known))
+
+    def _on_poc_artifacts(self, identity: bytes, msg: PocArtifactsRequest) -> None:
+        def done(artifacts, error) -> None:
+            self.server.send(identity, PocArtifactsReply(rid=msg.rid, artifacts=artifacts, error=error))
+
+        job = ArtifactJob(block_hash=msg.block_hash, public_key=msg.public_key, nonces=tuple(msg.nonces),
+                          seq_len=msg.seq_len, k_dim=msg.k_dim, stronger_rng=msg.stronger_rng)
+        try:
+            self.artifacts.submit(ArtifactTask(job=job, done=done))
+        except PocInputError as e:
+            done([], ErrorInfo(status=400, message=e.message, param=e.field, type="BadRequestError"))

@@ -37,6 +37,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("seed", "POCSERVE_SEED", 0, "engine seed", int),
     Option("json_whitespace", "POCSERVE_JSON_WHITESPACE", True,
            "let structured JSON output contain free whitespace (off: compact JSON)", bool),
+    Option("poc_batches_per_step", "POCSERVE_POC_BATCHES_PER_STEP", 1,
+           "PoC forwards run per engine step while chat and PoC compete (the PoC share)", int),
     Option("fault_fail_on_step", "POCSERVE_FAULT_FAIL_ON_STEP", 0,
            "fault injection for tests: the engine raises on this step (0 = never)", int),
     Option("log_format", "POCSERVE_LOG_FORMAT", "console", "log output", choices=("console", "json")),
@@ -63,6 +65,7 @@ class BackendSettings:
     logprobs_mode: str
     seed: int
     json_whitespace: bool
+    poc_batches_per_step: int
     fault_fail_on_step: int
     log_format: str
     log_level: str
@@ -79,7 +82,8 @@ def _check(s: BackendSettings) -> None:
     if scheme == "tcp" and not s.bind_any and any(h in s.address for h in ("://*", "://0.0.0.0", "://[::]")):
         raise SettingsError("--address binds every interface; set --bind-any / POCSERVE_BACKEND_BIND_ANY=1 "
                             "if that is intended")
-    for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
+    for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
+                 "poc_batches_per_step"):
         if getattr(s, name) <= 0:
             raise SettingsError(f"--{name.replace('_', '-')} must be positive")
     if not 0.0 < s.gpu_memory_utilization <= 1.0:

@@ -23,6 +23,7 @@ from protocol.control import DeadEvent, ErrorReply, HelloRequest, PingRequest, P
 from protocol.generate import (
     AbortRequest, Delta, DeltasEvent, GenerateErrorReply, GenerateRequest,
 )
+from protocol.poc import PocArtifactsReply, PocArtifactsRequest
 from protocol.version import PROTOCOL_VERSION
 
 log = structlog.get_logger(__name__)
@@ -62,6 +63,8 @@ class BackendClient:
         self._codec = frontend_codec()
         self._streams: dict[str, asyncio.Queue] = {}
         self._pings: dict[int, asyncio.Future] = {}
+        # rid → future of a correlated reply (one request, one answer)
+        self._calls: dict[str, asyncio.Future] = {}
         self._ping_ids = itertools.count(1)
         self._rids = itertools.count(1)
         self._rid_prefix = uuid.uuid4().hex[:8]
@@ -137,6 +140,25 @@ class BackendClient:
                     await self._send(AbortRequest(rids=[req.rid]))
                 except BackendUnavailable:
                     pass  # the backend is gone; so is the request
+
+    async def call(self, req, timeout_s: float | None = None):
+        """Sends a request that has exactly one reply with the same rid and awaits that reply."""
+        await self._ensure_alive()
+        fut = asyncio.get_running_loop().create_future()
+        self._calls[req.rid] = fut
+        try:
+            await self._send(req)
+            return await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError as e:
+            raise BackendUnavailable(f"no answer within {timeout_s} s") from e
+        finally:
+            self._calls.pop(req.rid, None)
+
+    async def poc_artifacts(self, req: PocArtifactsRequest, timeout_s: float | None = None) -> PocArtifactsReply:
+        reply: PocArtifactsReply = await self.call(req, timeout_s)
+        if reply.error is not None:
+            raise BackendRequestError(reply.error)
+        return reply
 
     async def ping(self, timeout_s: float | None = None) -> BackendStats:
         """Round trip to the backend; raises BackendUnavailable on timeout."""
@@ -218,7 +240,7 @@ class BackendClient:
     def _fail_all(self, reason: str) -> None:
         for q in self._streams.values():
             q.put_nowait(reason)
-        for fut in self._pings.values():
+        for fut in [*self._pings.values(), *self._calls.values()]:
             if not fut.done():
                 fut.set_exception(BackendUnavailable(reason))
 
@@ -243,6 +265,10 @@ class BackendClient:
             case GenerateErrorReply(rid=rid, error=error):
                 if (q := self._streams.get(rid)) is not None:
                     q.put_nowait(error)
+            case PocArtifactsReply(rid=rid):
+                fut = self._calls.get(rid)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
             case PongReply(ping_id=ping_id, stats=stats):
                 fut = self._pings.get(ping_id)
                 if fut is not None and not fut.done():

@@ -8,9 +8,10 @@ import msgspec
 
 from protocol.control import DeadEvent, ErrorReply, HelloRequest, PingRequest, PongReply, ReadyReply
 from protocol.generate import AbortRequest, DeltasEvent, GenerateErrorReply, GenerateRequest
+from protocol.poc import PocArtifactsReply, PocArtifactsRequest
 
-ToBackend = Union[HelloRequest, PingRequest, GenerateRequest, AbortRequest]
-ToFrontend = Union[ReadyReply, PongReply, DeltasEvent, GenerateErrorReply, ErrorReply, DeadEvent]
+ToBackend = Union[HelloRequest, PingRequest, GenerateRequest, AbortRequest, PocArtifactsRequest]
+ToFrontend = Union[ReadyReply, PongReply, DeltasEvent, GenerateErrorReply, ErrorReply, DeadEvent, PocArtifactsReply]
 
 TO_BACKEND_TYPES: tuple[type, ...] = ToBackend.__args__
 TO_FRONTEND_TYPES: tuple[type, ...] = ToFrontend.__args__

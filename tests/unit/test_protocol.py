@@ -33,6 +33,7 @@ from protocol.generate import (
     AbortRequest, ChatMessage, Delta, DeltasEvent, EnforcedToken, GenerateErrorReply, GenerateRequest,
     ResponseFormat, SamplingSpec, TokenLogprob, TopLogprob,
 )
+from protocol.poc import Artifact, PocArtifactsReply, PocArtifactsRequest
 from protocol.version import PROTOCOL_VERSION
 
 GOLDEN_PATH = Path(__file__).parent / "golden" / f"protocol_v{PROTOCOL_VERSION}.json"
@@ -96,6 +97,10 @@ CANONICAL: dict[type, msgspec.Struct] = {
     GenerateErrorReply: GenerateErrorReply(rid="r-1", error=_error_info()),
     ErrorReply: ErrorReply(error=_error_info()),
     DeadEvent: DeadEvent(reason="engine step raised"),
+    PocArtifactsRequest: PocArtifactsRequest(rid="p-1", block_hash="TEST_BLOCK", public_key="test_pub_keys",
+                                             nonces=[0, 1, -2], seq_len=64, k_dim=8, stronger_rng=True),
+    PocArtifactsReply: PocArtifactsReply(rid="p-1", artifacts=[Artifact(nonce=0, vector_b64="AAA=")],
+                                         error=_error_info()),
 }
 
 
@@ -230,7 +235,7 @@ def test_protocol_no_struct_is_array_like():
 # --- every union member has a handler ---
 
 def test_protocol_every_to_backend_type_has_one_handler():
-    loop = BackendLoop(engine=object(), server=object(), inbox=queue.Queue(), control=object())
+    loop = BackendLoop(engine=type("FakeEngine", (), {"poc": None})(), server=object(), inbox=queue.Queue(), control=object())
     engine_types = set(loop.handlers)
     assert not engine_types & CONTROL_PLANE_TYPES, "a type is handled by both the io thread and the engine thread"
     assert engine_types | CONTROL_PLANE_TYPES == set(TO_BACKEND_TYPES)
@@ -287,7 +292,15 @@ def _check_dead(client: BackendClient, log: _RecordingLog) -> None:
     assert "engine step raised" in q.get_nowait()
 
 
+def _check_poc_artifacts(client: BackendClient, log: _RecordingLog) -> None:
+    fut = client._calls["p-1"] = asyncio.get_running_loop().create_future()
+    reply = PocArtifactsReply(rid="p-1", artifacts=[Artifact(nonce=0, vector_b64="AAA=")])
+    client._dispatch(reply)
+    assert fut.result() == reply
+
+
 DISPATCH_CHECKS = {
+    PocArtifactsReply: _check_poc_artifacts,
     DeltasEvent: _check_deltas, GenerateErrorReply: _check_generate_error, PongReply: _check_pong,
     ReadyReply: _check_ready, ErrorReply: _check_error, DeadEvent: _check_dead,
 }

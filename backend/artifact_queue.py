@@ -1,0 +1,72 @@
+"""Queued PoC artifact jobs, run one forward at a time by the engine thread between engine steps."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from backend.engine.poc import ArtifactJob, NoFreeBlocks
+from protocol.common import ErrorInfo
+from protocol.poc import Artifact
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class ArtifactTask:
+    job: ArtifactJob
+    # Called once with (artifacts, None) or ([], error).
+    done: Callable[[list[Artifact], ErrorInfo | None], None]
+    remaining: list[int] = field(default_factory=list)
+    artifacts: list[Artifact] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.remaining = list(self.job.nonces)
+
+
+class ArtifactQueue:
+    """FIFO of artifact jobs; `run_batch` runs one forward of the oldest and finishes it when done."""
+
+    def __init__(self, runner) -> None:
+        self._runner = runner
+        self._tasks: deque[ArtifactTask] = deque()
+        self.is_blocked = False
+        self.num_batches = 0
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def submit(self, task: ArtifactTask) -> None:
+        """Raises PocInputError (naming the field) for a job this engine cannot run."""
+        self._runner.check(task.job)
+        self._tasks.append(task)
+
+    def run_batch(self) -> None:
+        task = self._tasks[0]
+        batch = task.remaining[: self._runner.max_batch(task.job.seq_len)]
+        try:
+            artifacts, num_run = self._runner.run(task.job, batch)
+        except NoFreeBlocks as e:
+            # Running requests hold the KV cache: let engine steps finish some before trying again.
+            self.is_blocked = True
+            log.debug("poc_batch_waits_for_blocks", reason=str(e))
+            return
+        except Exception as e:  # one job failed in the worker; the engine may still be fine
+            log.exception("poc_batch_failed", num_nonces=len(batch))
+            self._tasks.popleft()
+            task.done([], ErrorInfo(status=500, message=f"PoC forward failed: {e}", type="InternalServerError"))
+            return
+        self.is_blocked = False
+        self.num_batches += 1
+        task.artifacts.extend(Artifact(nonce=n, vector_b64=v) for n, v in artifacts)
+        del task.remaining[:num_run]
+        if not task.remaining:
+            self._tasks.popleft()
+            task.done(task.artifacts, None)
+
+    def unblock(self) -> None:
+        """An engine step ran: blocks may have been freed."""
+        self.is_blocked = False

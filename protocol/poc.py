@@ -1,0 +1,32 @@
+"""Wire structs for PoC v2 artifact computation. Wire structs only, no logic."""
+
+from __future__ import annotations
+
+import msgspec
+
+from protocol.common import ErrorInfo
+
+
+class Artifact(msgspec.Struct, kw_only=True):
+    nonce: int
+    # fp16 little-endian vector, standard base64 (spec §1.8).
+    vector_b64: str
+
+
+class PocArtifactsRequest(msgspec.Struct, tag="poc.artifacts", kw_only=True):
+    """Compute artifacts for explicit nonces between engine steps (no mining round, no callbacks)."""
+
+    rid: str
+    block_hash: str
+    public_key: str
+    nonces: list[int]
+    seq_len: int
+    k_dim: int = 12
+    stronger_rng: bool = False
+
+
+class PocArtifactsReply(msgspec.Struct, tag="poc.artifacts_done", kw_only=True):
+    rid: str
+    # In request order; nonces whose hidden state was not finite are missing (spec §1.9).
+    artifacts: list[Artifact] = []
+    error: ErrorInfo | None = None
