@@ -1,0 +1,95 @@
+"""PoC v2 artifacts through the served model inside vLLM's workers, between engine steps."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import numpy as np
+import pytest
+
+from poc.artifacts import decode_vector
+from tests.backend_client import RawBackend
+from tests.reference_poc import HFReference
+
+
+@pytest.fixture(scope="module")
+def raw(stack):
+    client = RawBackend(stack.address)
+    yield client
+    client.close()
+
+
+def _l2(a: str, b: str) -> float:
+    return float(np.linalg.norm(decode_vector(a) - decode_vector(b)))
+
+
+def _as_dict(reply) -> dict[int, str]:
+    assert reply.error is None, reply.error
+    return {a.nonce: a.vector_b64 for a in reply.artifacts}
+
+
+@pytest.mark.parametrize("stronger_rng", [False, True])
+def test_poc_artifacts_match_hf_reference(raw, model_dir, stronger_rng, record_property):
+    nonces = list(range(8))
+    served = _as_dict(raw.artifacts(nonces, seq_len=64, stronger_rng=stronger_rng))
+    reference = HFReference(model_dir).artifacts("TEST_BLOCK", "test_pub_keys", nonces, 64,
+                                                 stronger_rng=stronger_rng)
+    assert sorted(served) == nonces
+    distances = [_l2(served[n], reference[n]) for n in nonces]
+    record_property("l2_per_nonce", distances)
+    print(f"L2 vLLM vs HF (stronger_rng={stronger_rng}):", [round(d, 5) for d in distances])
+    assert max(distances) < 0.02, distances
+
+
+def test_poc_artifacts_are_reproducible_and_batch_invariant(raw):
+    whole = _as_dict(raw.artifacts(list(range(6)), seq_len=48))
+    again = _as_dict(raw.artifacts(list(range(6)), seq_len=48))
+    split = {**_as_dict(raw.artifacts([0, 1, 2], seq_len=48)), **_as_dict(raw.artifacts([3, 4, 5], seq_len=48))}
+    assert whole == again
+    assert max(_l2(whole[n], split[n]) for n in whole) < 0.02
+
+
+def test_poc_artifacts_depend_on_block_hash_and_public_key(raw):
+    base = _as_dict(raw.artifacts([0], seq_len=32))[0]
+    assert _l2(base, _as_dict(raw.artifacts([0], seq_len=32, block_hash="OTHER"))[0]) > 0.01
+    assert _l2(base, _as_dict(raw.artifacts([0], seq_len=32, public_key="other"))[0]) > 0.01
+
+
+def test_poc_large_job_is_split_into_engine_sized_batches(raw):
+    # 40 nonces x 200 tokens = 8000 tokens > max_num_batched_tokens (4096): several forwards.
+    arts = _as_dict(raw.artifacts(list(range(100, 140)), seq_len=200))
+    assert sorted(arts) == list(range(100, 140))
+
+
+@pytest.mark.parametrize(("kw", "field"), [
+    ({"k_dim": 0}, "k_dim"), ({"k_dim": 100000}, "k_dim"), ({"seq_len": 0}, "seq_len"),
+    ({"seq_len": 10**6}, "seq_len"), ({"nonces": []}, "nonces"),
+])
+def test_poc_bad_input_is_a_typed_error_naming_the_field(raw, kw, field):
+    nonces = kw.pop("nonces", [1, 2])
+    reply = raw.artifacts(nonces, **kw)
+    assert reply.error is not None and reply.error.status == 400
+    assert reply.error.param == field
+    assert _as_dict(raw.artifacts([1], seq_len=16))  # the engine keeps serving
+
+
+def test_greedy_chat_unchanged_by_poc_batches_between_its_steps(stack, raw):
+    body = {"model": stack.model, "messages": [{"role": "user", "content": "Count to one hundred."}],
+            "max_tokens": 120, "temperature": 0.0, "ignore_eos": True, "logprobs": True}
+
+    def tokens() -> list[str]:
+        r = httpx.post(f"{stack.base_url}/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return [p["token"] for p in r.json()["choices"][0]["logprobs"]["content"]]
+
+    alone = tokens()
+    result: dict[str, list[str]] = {}
+    chat = threading.Thread(target=lambda: result.setdefault("tokens", tokens()))
+    chat.start()
+    rids = [raw.submit_artifacts(range(i * 16, i * 16 + 16), seq_len=128) for i in range(6)]
+    replies = [raw.wait_for(rid) for rid in rids]
+    assert chat.is_alive(), "PoC finished after the chat: nothing ran between its steps"
+    chat.join(120)
+    assert all(r.error is None and len(r.artifacts) == 16 for r in replies)
+    assert result["tokens"] == alone
