@@ -20,6 +20,8 @@ class ArtifactTask:
     job: ArtifactJob
     # Called once with (artifacts, None) or ([], error).
     done: Callable[[list[Artifact], ErrorInfo | None], None]
+    # What submitted it ("mining", "job", "direct"): lets /stop discard a round's batches.
+    tag: str = "direct"
     remaining: list[int] = field(default_factory=list)
     artifacts: list[Artifact] = field(default_factory=list)
 
@@ -39,10 +41,20 @@ class ArtifactQueue:
     def __len__(self) -> int:
         return len(self._tasks)
 
-    def submit(self, task: ArtifactTask) -> None:
+    def check(self, job: ArtifactJob) -> None:
         """Raises PocInputError (naming the field) for a job this engine cannot run."""
+        self._runner.check(job)
+
+    def submit(self, task: ArtifactTask) -> None:
         self._runner.check(task.job)
         self._tasks.append(task)
+
+    def discard(self, predicate) -> int:
+        """Drops queued tasks matching `predicate` without calling them back; returns how many."""
+        kept = deque(t for t in self._tasks if not predicate(t))
+        num = len(self._tasks) - len(kept)
+        self._tasks = kept
+        return num
 
     def run_batch(self) -> None:
         task = self._tasks[0]

@@ -12,25 +12,28 @@ from backend import policy
 from backend.artifact_queue import ArtifactQueue, ArtifactTask
 from backend.control import ControlPlane
 from backend.engine.poc import ArtifactJob
-from backend.errors import RequestError
+from backend.errors import POC_GATE_MESSAGE, RequestError
 from backend.ipc import SocketServer
 from protocol.common import BackendStats, ErrorInfo
 from poc.errors import PocInputError
 from protocol.generate import AbortRequest, Delta, DeltasEvent, GenerateErrorReply, GenerateRequest
 from protocol.poc import PocArtifactsReply, PocArtifactsRequest
+from protocol.pow import PowGenerateRequest, PowInitRequest, PowJobRequest, PowStatusRequest, PowStopRequest
 
 log = structlog.get_logger(__name__)
 
 _IDLE_WAIT_S = 0.1
 # Stats are published at most this often while busy (and on every idle wake-up).
 _PUBLISH_INTERVAL_S = 0.05
+# Expired job results are pruned on this timer (not only when another job finishes).
+_PRUNE_INTERVAL_S = 5.0
 
 
 class BackendLoop:
     """Owns the request → frontend routing table; engine, server and inbox are passed in."""
 
     def __init__(self, engine, server: SocketServer, inbox: queue.Queue, control: ControlPlane, *,
-                 poc_batches_per_step: int = 1) -> None:
+                 artifacts: ArtifactQueue | None = None, poc_batches_per_step: int = 1) -> None:
         self.engine = engine
         self.server = server
         self.inbox = inbox
@@ -41,17 +44,48 @@ class BackendLoop:
         self.num_steps = 0
         self.num_aborted = 0
         self._published_at = 0.0
-        self.artifacts = ArtifactQueue(engine.poc)
+        self.artifacts = artifacts if artifacts is not None else ArtifactQueue(engine.poc)
         self.poc_batches_per_step = poc_batches_per_step
         self.num_poc_since_step = 0
+        self._pruned_at = time.monotonic()
+        self.pow = None
         self.handlers = {GenerateRequest: self._on_generate, AbortRequest: self._on_abort,
                          PocArtifactsRequest: self._on_poc_artifacts}
 
+    def use_pow(self, pow_service) -> None:
+        """Attaches the PoC API service (it needs this loop's abort_all_chat, so it comes second)."""
+        self.pow = pow_service
+        self.handlers.update({PowInitRequest: pow_service.on_init, PowGenerateRequest: pow_service.on_generate,
+                              PowJobRequest: pow_service.on_job, PowStatusRequest: pow_service.on_status,
+                              PowStopRequest: pow_service.on_stop})
+
     def run(self) -> None:
         while self.is_running:
-            self.ingest(block=not (self.engine.has_work() or self.artifacts))
+            self.ingest(block=not (self.engine.has_work() or self.artifacts or self._pow_pending()))
+            if self.pow is not None:
+                self.pow.feed()
             self.execute(policy.choose(self.snapshot()))
             self.publish()
+            self.on_timer()
+
+    def _pow_pending(self) -> bool:
+        return self.pow is not None and self.pow.has_pending()
+
+    def on_timer(self) -> None:
+        now = time.monotonic()
+        if self.pow is not None and now - self._pruned_at >= _PRUNE_INTERVAL_S:
+            self._pruned_at = now
+            self.pow.jobs.prune_expired()
+
+    def abort_all_chat(self, reason: ErrorInfo) -> int:
+        """Aborts every generation in flight; their frontends get `reason` as the error reply."""
+        owners, self.owners = self.owners, {}
+        if owners:
+            self.engine.abort(list(owners))
+            self.num_aborted += len(owners)
+        for identity, rid in owners.values():
+            self.server.send(identity, GenerateErrorReply(rid=rid, error=reason))
+        return len(owners)
 
     def snapshot(self) -> policy.Snapshot:
         return policy.Snapshot(
@@ -126,6 +160,8 @@ class BackendLoop:
     def _on_generate(self, identity: bytes, msg: GenerateRequest) -> None:
         engine_rid = f"{identity.hex()}-{msg.rid}"
         try:
+            if self.pow is not None and self.pow.is_gating_chat:
+                raise RequestError(POC_GATE_MESSAGE, status=503, type="service_unavailable")
             if engine_rid in self.owners:
                 raise RequestError(f"request id {msg.rid!r} is already in use", param="rid")
             self.engine.add(engine_rid, msg)

@@ -37,6 +37,22 @@ OPTIONS: tuple[Option, ...] = (
     Option("seed", "POCSERVE_SEED", 0, "engine seed", int),
     Option("json_whitespace", "POCSERVE_JSON_WHITESPACE", True,
            "let structured JSON output contain free whitespace (off: compact JSON)", bool),
+    Option("scheduling_mode", "POCSERVE_SCHEDULING_MODE", "exclusive",
+           "exclusive: chat answers 503 while mining (the network's expectation); shared: chat keeps running",
+           choices=("exclusive", "shared")),
+    Option("state_dir", "POCSERVE_STATE_DIR", "state",
+           "directory of the SQLite file holding queued jobs, results and undelivered callbacks"),
+    Option("batch_size_default", "POC_BATCH_SIZE_DEFAULT", 32, "PoC nonces per batch when a request omits it", int),
+    Option("max_queued_nonces", "POC_MAX_QUEUED_NONCES", 100000, "cap on nonces in queued /generate jobs", int),
+    Option("result_ttl_s", "POC_GENERATE_RESULT_TTL_SEC", 300.0, "how long finished job results are kept", float),
+    Option("callback_interval_s", "POC_CALLBACK_INTERVAL_SEC", 5.0, "streamed /generated batching interval", float),
+    Option("callback_max_retries", "POC_CALLBACK_MAX_RETRIES", 10, "attempts per callback before it is dropped",
+           int),
+    Option("callback_max_concurrent", "POC_CALLBACK_MAX_CONCURRENT", 10, "callbacks in flight at once", int),
+    Option("callback_queue_size", "POC_CALLBACK_QUEUE_SIZE", 10000,
+           "undelivered callbacks kept (oldest dropped and counted beyond)", int),
+    Option("stop_flush_timeout_s", "POCSERVE_STOP_FLUSH_TIMEOUT_S", 5.0,
+           "how long /stop waits to deliver computed artifacts before answering", float),
     Option("poc_batches_per_step", "POCSERVE_POC_BATCHES_PER_STEP", 1,
            "PoC forwards run per engine step while chat and PoC compete (the PoC share)", int),
     Option("fault_fail_on_step", "POCSERVE_FAULT_FAIL_ON_STEP", 0,
@@ -65,6 +81,16 @@ class BackendSettings:
     logprobs_mode: str
     seed: int
     json_whitespace: bool
+    scheduling_mode: str
+    state_dir: Path
+    batch_size_default: int
+    max_queued_nonces: int
+    result_ttl_s: float
+    callback_interval_s: float
+    callback_max_retries: int
+    callback_max_concurrent: int
+    callback_queue_size: int
+    stop_flush_timeout_s: float
     poc_batches_per_step: int
     fault_fail_on_step: int
     log_format: str
@@ -83,18 +109,23 @@ def _check(s: BackendSettings) -> None:
         raise SettingsError("--address binds every interface; set --bind-any / POCSERVE_BACKEND_BIND_ANY=1 "
                             "if that is intended")
     for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
-                 "poc_batches_per_step"):
+                 "poc_batches_per_step", "batch_size_default", "max_queued_nonces", "callback_max_retries",
+                 "callback_max_concurrent", "callback_queue_size"):
         if getattr(s, name) <= 0:
             raise SettingsError(f"--{name.replace('_', '-')} must be positive")
     if not 0.0 < s.gpu_memory_utilization <= 1.0:
         raise SettingsError("--gpu-memory-utilization must be in (0, 1]")
     if s.block_size < 0:
         raise SettingsError("--block-size must be >= 0")
+    for name in ("result_ttl_s", "callback_interval_s", "stop_flush_timeout_s"):
+        if getattr(s, name) < 0:
+            raise SettingsError(f"--{name.replace('_', '-')} must be >= 0")
 
 
 def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> BackendSettings:
     values = parse_options("pocserve-backend", "pocserve backend: owns the vLLM engine", OPTIONS, argv, environ)
     values["model"] = Path(os.path.expanduser(values["model"]))
+    values["state_dir"] = Path(os.path.expanduser(values["state_dir"]))
     settings = BackendSettings(**values)
     _check(settings)
     return settings

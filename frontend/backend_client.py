@@ -24,6 +24,7 @@ from protocol.generate import (
     AbortRequest, Delta, DeltasEvent, GenerateErrorReply, GenerateRequest,
 )
 from protocol.poc import PocArtifactsReply, PocArtifactsRequest
+from protocol.pow import PowJobReply, PowStatusReply
 from protocol.version import PROTOCOL_VERSION
 
 log = structlog.get_logger(__name__)
@@ -265,7 +266,7 @@ class BackendClient:
             case GenerateErrorReply(rid=rid, error=error):
                 if (q := self._streams.get(rid)) is not None:
                     q.put_nowait(error)
-            case PocArtifactsReply(rid=rid):
+            case PocArtifactsReply(rid=rid) | PowJobReply(rid=rid) | PowStatusReply(rid=rid):
                 fut = self._calls.get(rid)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)

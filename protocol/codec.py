@@ -9,9 +9,18 @@ import msgspec
 from protocol.control import DeadEvent, ErrorReply, HelloRequest, PingRequest, PongReply, ReadyReply
 from protocol.generate import AbortRequest, DeltasEvent, GenerateErrorReply, GenerateRequest
 from protocol.poc import PocArtifactsReply, PocArtifactsRequest
+from protocol.pow import (
+    PowGenerateRequest, PowInitRequest, PowJobReply, PowJobRequest, PowStatusReply, PowStatusRequest, PowStopRequest,
+)
 
-ToBackend = Union[HelloRequest, PingRequest, GenerateRequest, AbortRequest, PocArtifactsRequest]
-ToFrontend = Union[ReadyReply, PongReply, DeltasEvent, GenerateErrorReply, ErrorReply, DeadEvent, PocArtifactsReply]
+ToBackend = Union[
+    HelloRequest, PingRequest, GenerateRequest, AbortRequest, PocArtifactsRequest,
+    PowInitRequest, PowGenerateRequest, PowJobRequest, PowStatusRequest, PowStopRequest,
+]
+ToFrontend = Union[
+    ReadyReply, PongReply, DeltasEvent, GenerateErrorReply, ErrorReply, DeadEvent, PocArtifactsReply,
+    PowJobReply, PowStatusReply,
+]
 
 TO_BACKEND_TYPES: tuple[type, ...] = ToBackend.__args__
 TO_FRONTEND_TYPES: tuple[type, ...] = ToFrontend.__args__

@@ -87,6 +87,7 @@ class Engine:
             vllm_version=vllm.__version__, engine_device=str(cfg.device_config.device_type),
             poc_code_version=POC_CODE_VERSION, python_hash_seed=compat.ENGINE_ENV_DEFAULTS["PYTHONHASHSEED"],
             prefix_caching_hash_algo=str(cfg.cache_config.prefix_caching_hash_algo),
+            scheduling_mode=self.settings.scheduling_mode,
         )
 
     def add(self, engine_rid: str, req: GenerateRequest) -> None:

@@ -34,6 +34,10 @@ from protocol.generate import (
     ResponseFormat, SamplingSpec, TokenLogprob, TopLogprob,
 )
 from protocol.poc import Artifact, PocArtifactsReply, PocArtifactsRequest
+from protocol.pow import (
+    JobView, NodeIdentity, PowGenerateRequest, PowInitRequest, PowJobReply, PowJobRequest, PowParams,
+    PowStatusReply, PowStatusRequest, PowStopRequest, RoundConfig, RoundStats, StatTestSpec, ValidationOutcome,
+)
 from protocol.version import PROTOCOL_VERSION
 
 GOLDEN_PATH = Path(__file__).parent / "golden" / f"protocol_v{PROTOCOL_VERSION}.json"
@@ -84,6 +88,14 @@ def _delta() -> Delta:
         finish_reason="stop", stop_reason="</s>", num_prompt_tokens=12, num_generated_tokens=1)
 
 
+def _node() -> NodeIdentity:
+    return NodeIdentity(block_hash="TEST_BLOCK", block_height=100, public_key="pk", node_id=1, node_count=2)
+
+
+def _params() -> PowParams:
+    return PowParams(model="tiny", seq_len=64, k_dim=8)
+
+
 CANONICAL: dict[type, msgspec.Struct] = {
     HelloRequest: HelloRequest(protocol_version=PROTOCOL_VERSION, frontend_id="host-123"),
     PingRequest: PingRequest(ping_id=7),
@@ -101,6 +113,24 @@ CANONICAL: dict[type, msgspec.Struct] = {
                                              nonces=[0, 1, -2], seq_len=64, k_dim=8, stronger_rng=True),
     PocArtifactsReply: PocArtifactsReply(rid="p-1", artifacts=[Artifact(nonce=0, vector_b64="AAA=")],
                                          error=_error_info()),
+    PowInitRequest: PowInitRequest(rid="w-1", node=_node(), params=_params(), group_id=1, n_groups=2, batch_size=8,
+                                   url="http://cb/v2/poc-batches/m", stronger_rng=True),
+    PowGenerateRequest: PowGenerateRequest(
+        rid="w-2", node=_node(), params=_params(), nonces=[1, 2], batch_size=8, wait=True, url="http://cb",
+        validation=[Artifact(nonce=1, vector_b64="AAA=")],
+        stat_test=StatTestSpec(dist_threshold=0.4, p_mismatch=0.1, fraud_threshold=0.05), stronger_rng=True),
+    PowJobRequest: PowJobRequest(rid="w-3", job_id="0b9c"),
+    PowStatusRequest: PowStatusRequest(rid="w-4"),
+    PowStopRequest: PowStopRequest(rid="w-5"),
+    PowJobReply: PowJobReply(rid="w-2", job=JobView(
+        job_id="0b9c", status="completed", num_queued=2, k_dim=8, artifacts=[Artifact(nonce=1, vector_b64="AAA=")],
+        validation=ValidationOutcome(n_total=2, n_mismatch=1, mismatch_nonces=[2], p_value=0.5,
+                                     fraud_detected=True), error="boom"), error=_error_info()),
+    PowStatusReply: PowStatusReply(
+        rid="w-4", status="GENERATING", config=RoundConfig(
+            block_hash="B", block_height=100, public_key="pk", node_id=1, node_count=2, group_id=1, n_groups=2,
+            seq_len=64, k_dim=8), stats=RoundStats(total_processed=64, nonces_per_second=12.5),
+        error=_error_info()),
 }
 
 
@@ -235,7 +265,11 @@ def test_protocol_no_struct_is_array_like():
 # --- every union member has a handler ---
 
 def test_protocol_every_to_backend_type_has_one_handler():
-    loop = BackendLoop(engine=type("FakeEngine", (), {"poc": None})(), server=object(), inbox=queue.Queue(), control=object())
+    loop = BackendLoop(engine=type("FakeEngine", (), {"poc": None})(), server=object(), inbox=queue.Queue(),
+                       control=object())
+    pow_service = type("FakePow", (), {n: None for n in ("on_init", "on_generate", "on_job", "on_status",
+                                                         "on_stop")})()
+    loop.use_pow(pow_service)
     engine_types = set(loop.handlers)
     assert not engine_types & CONTROL_PLANE_TYPES, "a type is handled by both the io thread and the engine thread"
     assert engine_types | CONTROL_PLANE_TYPES == set(TO_BACKEND_TYPES)
@@ -299,7 +333,17 @@ def _check_poc_artifacts(client: BackendClient, log: _RecordingLog) -> None:
     assert fut.result() == reply
 
 
+def _check_pow_reply(cls):
+    def check(client: BackendClient, log: _RecordingLog) -> None:
+        msg = CANONICAL[cls]
+        fut = client._calls[msg.rid] = asyncio.get_running_loop().create_future()
+        client._dispatch(msg)
+        assert fut.result() == msg
+    return check
+
+
 DISPATCH_CHECKS = {
+    PowJobReply: _check_pow_reply(PowJobReply), PowStatusReply: _check_pow_reply(PowStatusReply),
     PocArtifactsReply: _check_poc_artifacts,
     DeltasEvent: _check_deltas, GenerateErrorReply: _check_generate_error, PongReply: _check_pong,
     ReadyReply: _check_ready, ErrorReply: _check_error, DeadEvent: _check_dead,

@@ -1,0 +1,278 @@
+"""The Gonka PoC API's decisions, in the engine thread: mining round, gating, generate jobs, callbacks.
+
+Handlers change state and reply; `feed()` keeps the artifact queue supplied between engine steps. The queue
+(SQLite) and the callback sender (its own thread) are passed in; nothing here blocks on I/O except /stop's
+bounded flush, which runs on a short-lived thread of its own.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+from backend.artifact_queue import ArtifactQueue, ArtifactTask
+from backend.engine.poc import ArtifactJob
+from backend.errors import POC_GATE_MESSAGE
+from backend.jobs import GenerateQueue, Job, QueueFull
+from backend.pow_results import (
+    generated_payload, job_message, job_request, job_result, job_view, job_view_queued, validated_payload,
+    view_from_result,
+)
+from poc.errors import PocInputError
+from poc.manager import MiningRound, RoundSpec
+from protocol.common import ErrorInfo
+from protocol.poc import Artifact
+from protocol.pow import (
+    PowGenerateRequest, PowInitRequest, PowJobReply, PowJobRequest, PowParams, PowStatusReply,
+    PowStatusRequest, PowStopRequest, RoundConfig, RoundStats,
+)
+
+log = structlog.get_logger(__name__)
+
+from backend.pow_results import ENCODING  # noqa: E402
+
+
+
+def _err(status: int, message: str, param: str | None = None, type: str = "") -> ErrorInfo:
+    return ErrorInfo(status=status, message=message, param=param, type=type)
+
+
+@dataclass
+class _WaitingCall:
+    """A /generate wait=true request: answered directly, never persisted."""
+
+    identity: bytes
+    msg: PowGenerateRequest
+
+
+class PowService:
+    def __init__(self, *, artifacts: ArtifactQueue, jobs: GenerateQueue, callbacks, send: Callable,
+                 abort_chat: Callable[[ErrorInfo], int], model_names: list[str], mode: str,
+                 default_batch_size: int, stop_flush_timeout_s: float = 5.0) -> None:
+        self.artifacts = artifacts
+        self.jobs = jobs
+        self.callbacks = callbacks
+        self._send = send
+        self._abort_chat = abort_chat
+        self.model_names = model_names
+        self.mode = mode
+        self.default_batch_size = default_batch_size
+        self.stop_flush_timeout_s = stop_flush_timeout_s
+        self.round: MiningRound | None = None
+        self.is_gating_chat = False
+        self._mining_in_queue = False
+        self._job_in_queue = False
+        self._waiting: deque[_WaitingCall] = deque()
+        self.num_validations = 0
+        self.num_nonces = 0
+
+    # --- handlers ---
+
+    def on_init(self, identity: bytes, msg: PowInitRequest) -> None:
+        reply = PowStatusReply(rid=msg.rid)
+        try:
+            self._check_params(msg.params)
+            if self.round is not None:
+                raise _Refused(_err(409, "Already generating", type="Conflict"))
+            n = msg.node
+            spec = RoundSpec(n.block_hash, n.block_height, n.public_key, n.node_id, n.node_count, msg.group_id,
+                             msg.n_groups, msg.params.seq_len, msg.params.k_dim,
+                             msg.batch_size or self.default_batch_size, msg.url, msg.stronger_rng)
+            self._start_round(spec)
+            reply.status, reply.config, reply.stats = self._status()
+        except _Refused as e:
+            reply.error = e.info
+        self._send(identity, reply)
+
+    def on_generate(self, identity: bytes, msg: PowGenerateRequest) -> None:
+        try:
+            self._check_params(msg.params)
+            self._check_job(msg)
+        except _Refused as e:
+            self._send(identity, PowJobReply(rid=msg.rid, error=e.info))
+            return
+        if msg.wait:
+            self._waiting.append(_WaitingCall(identity, msg))
+            return
+        job_id = str(uuid.uuid4())
+        try:
+            self.jobs.enqueue(job_id, job_request(msg), len(msg.nonces), on_persisted=lambda _r: self._send(
+                identity, PowJobReply(rid=msg.rid, job=job_view_queued(job_id, len(msg.nonces)))))
+        except QueueFull as e:
+            self._send(identity, PowJobReply(rid=msg.rid, error=_err(
+                429, f"Queue full: {e.queued} nonces queued, limit is {e.limit}", type="Too Many Requests")))
+
+    def on_job(self, identity: bytes, msg: PowJobRequest) -> None:
+        job = self.jobs.get(msg.job_id)
+        if job is None:
+            error = _err(404, f"Request {msg.job_id} not found", type="Not Found")
+            self._send(identity, PowJobReply(rid=msg.rid, error=error))
+            return
+        self._send(identity, PowJobReply(rid=msg.rid, job=job_view(job)))
+
+    def on_status(self, identity: bytes, msg: PowStatusRequest) -> None:
+        status, config, stats = self._status()
+        self._send(identity, PowStatusReply(rid=msg.rid, status=status, config=config, stats=stats))
+
+    def on_stop(self, identity: bytes, msg: PowStopRequest) -> None:
+        was = self.round
+        self.round = None
+        self.is_gating_chat = False
+        self.artifacts.discard(lambda task: task.tag == "mining")
+        self._mining_in_queue = False
+        num_cancelled = self.jobs.cancel_all()
+        if was is not None:
+            log.info("poc_round_stopped", total_processed=was.total_processed, num_artifacts=was.num_artifacts,
+                     num_jobs_cancelled=num_cancelled)
+
+        def flush() -> None:
+            delivered, remaining = self.callbacks.flush(self.stop_flush_timeout_s)
+            log.info("poc_stop_flushed", num_delivered=delivered, num_remaining=remaining)
+            self._send(identity, PowStatusReply(rid=msg.rid, status="STOPPED"))
+
+        threading.Thread(target=flush, name="pow-stop-flush", daemon=True).start()
+
+    # --- loop hooks ---
+
+    def has_pending(self) -> bool:
+        """Work that feed() could turn into artifact tasks."""
+        if self.round is not None:
+            return not self._mining_in_queue
+        return not self._job_in_queue and (bool(self._waiting) or self.jobs.peek_next() is not None)
+
+    def feed(self) -> None:
+        if self.round is not None:
+            if not self._mining_in_queue:
+                self._submit_mining_batch()
+            return  # generate jobs wait while a mining round is active (as in the fork)
+        if self._job_in_queue:
+            return
+        if self._waiting:
+            call = self._waiting.popleft()
+            self._submit_job(call.msg, lambda view, error: self._send(
+                call.identity, PowJobReply(rid=call.msg.rid, job=view, error=error)), job=None)
+            return
+        job = self.jobs.peek_next()
+        if job is not None:
+            self.jobs.mark_running(job)
+            self._submit_job(job_message(job.request), None, job=job)
+
+    # --- internals ---
+
+    def _check_params(self, params: PowParams) -> None:
+        if params.model not in self.model_names:
+            raise _Refused(_err(409, f"params mismatch: requested model {params.model!r}, "
+                                     f"deployed {self.model_names}", param="params.model", type="Conflict"))
+
+    def _check_job(self, msg: PowGenerateRequest) -> None:
+        if msg.validation is not None and {a.nonce for a in msg.validation} != set(msg.nonces):
+            raise _Refused(_err(400, "validation.artifacts nonces must match nonces field",
+                                param="validation.artifacts"))
+        try:
+            self.artifacts.check(_artifact_job(msg, msg.nonces))
+        except PocInputError as e:
+            raise _Refused(_err(400, e.message, param=_param_path(e.field))) from e
+
+    def _start_round(self, spec: RoundSpec) -> None:
+        try:
+            self.artifacts.check(ArtifactJob(spec.block_hash, spec.public_key, (0,), spec.seq_len, spec.k_dim,
+                                             spec.stronger_rng))
+        except PocInputError as e:
+            raise _Refused(_err(400, e.message, param=_param_path(e.field))) from e
+        if self.mode == "exclusive":
+            # Order matters: gate on (no new chat) → abort in flight → start; any failure turns the gate off.
+            self.is_gating_chat = True
+            try:
+                num_aborted = self._abort_chat(_err(503, POC_GATE_MESSAGE, type="service_unavailable"))
+            except Exception:
+                self.is_gating_chat = False
+                raise
+            log.info("chat_gated_for_poc", num_aborted=num_aborted)
+        self.round = MiningRound(spec)
+        log.info("poc_round_started", block_height=spec.block_height, node_id=spec.node_id,
+                 batch_size=spec.batch_size, seq_len=spec.seq_len, mode=self.mode)
+
+    def _status(self) -> tuple[str, RoundConfig | None, RoundStats | None]:
+        r = self.round
+        if r is None:
+            return "IDLE", None, None
+        s = r.spec
+        config = RoundConfig(block_hash=s.block_hash, block_height=s.block_height, public_key=s.public_key,
+                             node_id=s.node_id, node_count=s.node_count, group_id=s.group_id, n_groups=s.n_groups,
+                             seq_len=s.seq_len, k_dim=s.k_dim)
+        return "GENERATING", config, RoundStats(total_processed=r.total_processed,
+                                                nonces_per_second=r.nonces_per_second)
+
+    def _submit_mining_batch(self) -> None:
+        r = self.round
+        s = r.spec
+        nonces = r.next_batch()
+
+        def done(artifacts: list[Artifact], error: ErrorInfo | None) -> None:
+            self._mining_in_queue = False
+            if self.round is not r:
+                return  # stopped meanwhile
+            if error is not None:
+                log.warning("poc_mining_batch_failed", error=error.message)
+                return
+            r.record(len(nonces), len(artifacts))
+            self.num_nonces += len(nonces)
+            if s.url and artifacts:
+                meta = {"public_key": s.public_key, "block_hash": s.block_hash, "block_height": s.block_height,
+                        "node_id": s.node_id}
+                self.callbacks.add_generated(s.url, meta, [_artifact_dict(a) for a in artifacts],
+                                             {**ENCODING, "k_dim": s.k_dim})
+
+        job = ArtifactJob(s.block_hash, s.public_key, tuple(nonces), s.seq_len, s.k_dim, s.stronger_rng)
+        self.artifacts.submit(ArtifactTask(job=job, done=done, tag="mining"))
+        self._mining_in_queue = True
+
+    def _submit_job(self, msg: PowGenerateRequest, answer, job: Job | None) -> None:
+        def done(artifacts: list[Artifact], error: ErrorInfo | None) -> None:
+            self._job_in_queue = False
+            self.num_nonces += len(msg.nonces)
+            result, error = job_result(msg, artifacts, error)
+            if msg.validation is not None and error is None:
+                self.num_validations += 1
+            if job is not None:
+                if error is not None:
+                    log.error("poc_job_failed", job_id=job.id, error=error.message)
+                    self.jobs.fail(job, error.message)
+                    return
+                self.jobs.complete(job, result)
+                if msg.url:
+                    path, payload = (("validated", validated_payload(job.id, msg, result)) if msg.validation
+                                     is not None else ("generated", generated_payload(job.id, msg, result)))
+                    self.callbacks.enqueue(msg.url, path, payload)
+                return
+            # wait=true answers carry a fresh request id that is not stored (as in the fork).
+            view = None if error else view_from_result(str(uuid.uuid4()), "completed", msg.params.k_dim, result, None)
+            answer(view, error)
+
+        self.artifacts.submit(ArtifactTask(job=_artifact_job(msg, msg.nonces), done=done, tag="job"))
+        self._job_in_queue = True
+
+
+class _Refused(Exception):
+    def __init__(self, info: ErrorInfo) -> None:
+        super().__init__(info.message)
+        self.info = info
+
+
+def _param_path(field: str) -> str:
+    return f"params.{field}" if field in ("seq_len", "k_dim") else field
+
+
+def _artifact_dict(a: Artifact) -> dict:
+    return {"nonce": a.nonce, "vector_b64": a.vector_b64}
+
+
+def _artifact_job(msg: PowGenerateRequest, nonces) -> ArtifactJob:
+    n = msg.node
+    return ArtifactJob(n.block_hash, n.public_key, tuple(nonces), msg.params.seq_len, msg.params.k_dim,
+                       msg.stronger_rng)
