@@ -20,7 +20,8 @@ from vllm.v1.engine.llm_engine import LLMEngine  # noqa: E402
 from backend.engine.outputs import to_delta  # noqa: E402
 from backend.engine.poc import PocRunner  # noqa: E402
 from backend.engine.stats import RecorderFactory  # noqa: E402
-from backend.engine.params import check_lengths, render_prompt, sampling_params  # noqa: E402
+from backend.engine.params import Vocab, check_lengths, render_prompt, sampling_params  # noqa: E402
+from sampling import grammar as tolerant_grammars  # noqa: E402
 from backend.errors import RequestError  # noqa: E402
 from backend.settings import BackendSettings  # noqa: E402
 from protocol.common import Fingerprint  # noqa: E402
@@ -60,10 +61,13 @@ class Engine:
             max_num_batched_tokens=settings.max_num_batched_tokens,
             gpu_memory_utilization=settings.gpu_memory_utilization,
             tensor_parallel_size=settings.tensor_parallel_size, enforce_eager=settings.enforce_eager,
-            logprobs_mode=settings.logprobs_mode, seed=settings.seed,
+            # The engine always computes processed logprobs; rows asking for raw ones get them from the
+            # enforced-sampling wrapper (sampling/enforced.py), so the mode can differ per request.
+            logprobs_mode="processed_logprobs", seed=settings.seed,
+            logits_processors=["sampling.enforced:EnforcedTracker"],
             block_size=settings.block_size or None, enable_prefix_caching=True,
             structured_outputs_config=_structured_outputs_config(settings),
-            worker_extension_cls="poc.worker.PocWorkerExtension",
+            worker_extension_cls="backend.engine.worker_extension.WorkerExtension",
         )
         started = time.monotonic()
         factory = RecorderFactory()
@@ -71,6 +75,9 @@ class Engine:
         self.llm = LLMEngine.from_engine_args(args, usage_context=UsageContext.OPENAI_API_SERVER,
                                               stat_loggers=[factory], enable_multiprocessing=False)
         self.tokenizer = self.llm.get_tokenizer()
+        self.llm.collective_rpc("install_enforced_sampling")
+        tolerant_grammars.install(compat.engine_core(self.llm).structured_output_manager)
+        self.vocab = Vocab(self.tokenizer, int(self.llm.model_config.get_vocab_size()))
         self.poc = PocRunner(self.llm, settings.max_num_seqs, settings.max_num_batched_tokens)
         self.max_model_len = int(self.llm.model_config.max_model_len)
         log.info("engine_ready", model=str(settings.model), vllm_version=vllm.__version__,
@@ -95,7 +102,7 @@ class Engine:
         prompt_param = "messages" if req.messages is not None else "prompt"
         prompt_ids = render_prompt(self.tokenizer, req)
         max_tokens = check_lengths(len(prompt_ids), req.sampling, self.max_model_len, prompt_param)
-        params = sampling_params(req.sampling, max_tokens, req.stream)
+        params = sampling_params(req.sampling, max_tokens, req.stream, self.vocab, self.settings.logprobs_mode)
         try:
             self.llm.add_request(engine_rid, compat.token_prompt(prompt_ids), params, priority=req.priority)
         except self._input_errors as e:  # vLLM's input checks: logprobs limits, structured-output schema, ...

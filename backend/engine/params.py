@@ -9,6 +9,10 @@ from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
 from backend.errors import RequestError
 from protocol.generate import GenerateRequest, SamplingSpec
+from sampling.enforced import ENFORCED_KEY, MODE_KEY
+from sampling.enforced_input import (
+    EnforcedSequence, SamplingFieldError, decode_enforced_str, decode_enforced_tokens, resolve_logprobs_mode,
+)
 
 MAX_TOP_LOGPROBS = 20
 
@@ -66,9 +70,48 @@ def _structured(spec: SamplingSpec) -> StructuredOutputsParams | None:
     raise RequestError(f"unsupported response_format type {fmt.type!r}", param="response_format")
 
 
-def sampling_params(spec: SamplingSpec, max_tokens: int, stream: bool) -> SamplingParams:
+class Vocab:
+    """What enforced-token decoding needs from the tokenizer."""
+
+    def __init__(self, tokenizer, vocab_size: int) -> None:
+        self.tokenizer = tokenizer
+        self.size = vocab_size
+        self.eos_id = int(tokenizer.eos_token_id)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+
+def _enforced(spec: SamplingSpec, vocab: Vocab) -> EnforcedSequence | None:
+    """enforced_str wins over enforced_tokens (spec §4.1)."""
+    if spec.enforced_str is not None:
+        return decode_enforced_str(spec.enforced_str, vocab.encode, vocab.eos_id)
+    if spec.enforced_tokens is not None:
+        tokens = [{"token": t.token, "top_tokens": list(t.top_tokens)} for t in spec.enforced_tokens]
+        return decode_enforced_tokens(tokens, encode=vocab.encode, eos_id=vocab.eos_id, vocab_size=vocab.size)
+    return None
+
+
+def extra_args(spec: SamplingSpec, vocab: Vocab, default_mode: str) -> dict | None:
+    """Per-request state for the worker's enforced-sampling hooks (sampling/enforced.py)."""
+    try:
+        enforced = _enforced(spec, vocab)
+        mode = resolve_logprobs_mode(spec.logprobs_mode, enforced) or default_mode
+    except SamplingFieldError as e:
+        raise RequestError(e.message, param=e.param) from e
+    extra: dict = {}
+    if enforced is not None:
+        extra[ENFORCED_KEY] = list(enforced.token_ids)
+    if mode == "raw_logprobs" and spec.logprobs is not None:
+        extra[MODE_KEY] = mode
+    return extra or None
+
+
+def sampling_params(spec: SamplingSpec, max_tokens: int, stream: bool, vocab: Vocab,
+                    default_mode: str) -> SamplingParams:
     if spec.logprobs is not None and not 0 <= spec.logprobs <= MAX_TOP_LOGPROBS:
         raise RequestError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs")
+    extra = extra_args(spec, vocab, default_mode)
     try:
         return SamplingParams(
             n=1, max_tokens=max_tokens, min_tokens=spec.min_tokens, temperature=spec.temperature,
@@ -77,7 +120,7 @@ def sampling_params(spec: SamplingSpec, max_tokens: int, stream: bool) -> Sampli
             seed=spec.seed, stop=list(spec.stop), stop_token_ids=list(spec.stop_token_ids),
             ignore_eos=spec.ignore_eos, include_stop_str_in_output=spec.include_stop_str_in_output,
             skip_special_tokens=spec.skip_special_tokens, logprobs=spec.logprobs,
-            structured_outputs=_structured(spec),
+            structured_outputs=_structured(spec), extra_args=extra,
             output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
         )
     except ValueError as e:  # vLLM's own argument checks (ranges of temperature, top_p, ...)
