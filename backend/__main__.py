@@ -19,6 +19,7 @@ import zmq
 from backend.control import ControlPlane
 from backend.ipc import BROADCAST, SocketServer
 from backend.settings import BackendSettings, load_settings
+from backend.wiring import open_store
 from protocol.config import SettingsError
 from protocol.control import DeadEvent
 from protocol.logs import configure_logging
@@ -35,6 +36,7 @@ def serve(settings: BackendSettings) -> int:
     if settings.generate_model != "none":
         from backend.modelgen import ensure_model
         ensure_model(settings.model, settings.generate_model)
+    store = open_store(settings.state_dir)  # a locked or corrupt file fails here, before the engine loads
     ctx = zmq.Context.instance()
     inbox: queue.Queue = queue.Queue()
     control = ControlPlane(instance_id=uuid.uuid4().hex)
@@ -45,12 +47,14 @@ def serve(settings: BackendSettings) -> int:
     from backend.engine.adapter import Engine  # imports vLLM: after the socket is up, so probes see us early
     from backend.faults import FaultyEngine
     from backend.loop import BackendLoop
+    from backend.wiring import make_pow_service
 
     try:
         engine = Engine(settings)
         if settings.fault_fail_on_step:
             engine = FaultyEngine(engine, settings.fault_fail_on_step)
         loop = BackendLoop(engine, server, inbox, control, poc_batches_per_step=settings.poc_batches_per_step)
+        loop.use_pow(make_pow_service(settings, engine, loop, server, store))
         control.fingerprint = engine.fingerprint()
 
         def stop(signum, _frame) -> None:
@@ -68,6 +72,7 @@ def serve(settings: BackendSettings) -> int:
         return 1
     finally:
         server.stop()
+        store.close()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,6 +16,7 @@ from backend.errors import POC_GATE_MESSAGE, RequestError
 from backend.ipc import SocketServer
 from protocol.common import BackendStats, ErrorInfo
 from poc.errors import PocInputError
+from protocol.control import ErrorReply
 from protocol.generate import AbortRequest, Delta, DeltasEvent, GenerateErrorReply, GenerateRequest
 from protocol.poc import PocArtifactsReply, PocArtifactsRequest
 from protocol.pow import PowGenerateRequest, PowInitRequest, PowJobRequest, PowStatusRequest, PowStopRequest
@@ -43,6 +44,7 @@ class BackendLoop:
         self.owners: dict[str, tuple[bytes, str]] = {}
         self.num_steps = 0
         self.num_aborted = 0
+        self.num_handler_errors = 0
         self._published_at = 0.0
         self.artifacts = artifacts if artifacts is not None else ArtifactQueue(engine.poc)
         self.poc_batches_per_step = poc_batches_per_step
@@ -99,12 +101,24 @@ class BackendLoop:
         except queue.Empty:
             return
         while True:
-            identity, msg = item
-            self.handlers[type(msg)](identity, msg)
+            self._handle(*item)
             try:
                 item = self.inbox.get_nowait()
             except queue.Empty:
                 return
+
+    def _handle(self, identity: bytes, msg) -> None:
+        handler = self.handlers.get(type(msg))
+        try:
+            if handler is None:
+                raise TypeError(f"no handler for {type(msg).__name__}")
+            handler(identity, msg)
+        except Exception as e:
+            # A handler bug fails that one message, not the engine; an engine fault shows at its next step.
+            self.num_handler_errors += 1
+            log.exception("handler_failed", message=type(msg).__name__)
+            self.server.send(identity, ErrorReply(rid=getattr(msg, "rid", None), error=ErrorInfo(
+                status=500, message=f"{type(msg).__name__} failed: {e}", type="InternalServerError")))
 
     def execute(self, work: policy.Work) -> None:
         match work:
@@ -153,6 +167,7 @@ class BackendLoop:
             iteration_tokens_bounds=[float(b) for b in rec.bounds],
             iteration_tokens_counts=list(rec.iteration_counts), iteration_tokens_sum=float(rec.iteration_sum),
             iteration_tokens_count=rec.iteration_count, inbox_depth=self.inbox.qsize(),
+            **(self.pow.stats() if self.pow is not None else {}),
         )
 
     # --- handlers: state changes only, no engine steps ---

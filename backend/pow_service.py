@@ -139,6 +139,14 @@ class PowService:
 
     # --- loop hooks ---
 
+    def stats(self) -> dict:
+        """PoC fields of BackendStats."""
+        cb = self.callbacks
+        return {"is_mining": self.round is not None, "num_poc_nonces": self.num_nonces,
+                "num_validations": self.num_validations, "num_queued_job_nonces": self.jobs.queued_nonces,
+                "num_callbacks_delivered": cb.num_delivered, "num_callbacks_dropped": cb.num_dropped,
+                "num_callback_retries": cb.num_retries, "callback_backlog": cb.backlog}
+
     def has_pending(self) -> bool:
         """Work that feed() could turn into artifact tasks."""
         if self.round is not None:

@@ -12,6 +12,7 @@ from frontend.convert import TokenFormat
 from frontend.errors import install_error_handlers
 from frontend.metrics import FrontendMetrics
 from frontend.routes import health, openai
+from frontend.routes.pow import make_pow_router
 from frontend.settings import FrontendSettings
 
 
@@ -65,6 +66,7 @@ def create_app(settings: FrontendSettings) -> FastAPI:
     install_error_handlers(app)
     app.include_router(openai.router)
     app.include_router(health.router)
+    app.include_router(make_pow_router(settings))
 
     app.add_middleware(RequestMetricsMiddleware)
     return app

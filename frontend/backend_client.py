@@ -280,8 +280,13 @@ class BackendClient:
                 log.error("backend_dead", reason=reason)
                 self._instance_id = None
                 self._mark_down(f"backend engine died: {reason}")
-            case ErrorReply(error=error):
-                log.warning("backend_rejected_frame", message=error.message)
+            case ErrorReply(error=error, rid=rid):
+                log.warning("backend_rejected_frame", message=error.message, rid=rid)
+                if rid is not None and (q := self._streams.get(rid)) is not None:
+                    q.put_nowait(error)
+                fut = self._calls.get(rid) if rid is not None else None
+                if fut is not None and not fut.done():
+                    fut.set_exception(BackendRequestError(error))
 
     def _on_ready(self, fp: Fingerprint | None, refusal: str | None) -> None:
         if refusal is not None:

@@ -13,9 +13,12 @@ from frontend.backend_client import BackendRequestError, BackendUnavailable
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, *, param: str | None = None, type: str | None = None) -> None:
+    def __init__(self, status: int, message: str, *, param: str | None = None, type: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.type = status, message, param, type
+        # Extra response headers, e.g. WWW-Authenticate on a 401.
+        self.headers = headers
 
 
 def error_body(status: int, message: str, *, param: str | None = None, type: str | None = None) -> dict:
@@ -25,8 +28,9 @@ def error_body(status: int, message: str, *, param: str | None = None, type: str
     return {"error": {"message": message, "type": type, "param": param, "code": status}}
 
 
-def error_response(status: int, message: str, *, param: str | None = None, type: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param=param, type=type), status_code=status)
+def error_response(status: int, message: str, *, param: str | None = None, type: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param=param, type=type), status_code=status, headers=headers)
 
 
 def _param_of(loc: tuple) -> str | None:
@@ -44,7 +48,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def _api(_: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status, exc.message, param=exc.param, type=exc.type)
+        return error_response(exc.status, exc.message, param=exc.param, type=exc.type, headers=exc.headers)
 
     @app.exception_handler(BackendUnavailable)
     async def _unavailable(_: Request, exc: BackendUnavailable) -> JSONResponse:

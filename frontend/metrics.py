@@ -29,6 +29,11 @@ class BackendCollector:
             ("vllm:num_requests_running", "Requests in model execution batches.", stats.num_running),
             ("vllm:num_requests_waiting", "Requests waiting to be processed.", stats.num_waiting),
             ("vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent.", stats.kv_cache_usage),
+            ("pocserve_poc_mining", "1 while a PoC mining round is active.", float(stats.is_mining)),
+            ("pocserve_poc_queued_job_nonces", "Nonces in queued /generate jobs.", stats.num_queued_job_nonces),
+            ("pocserve_callback_backlog", "Callbacks waiting for delivery.", stats.callback_backlog),
+            ("pocserve_engine_heartbeat_age_seconds", "Seconds since the engine loop last reported.",
+             stats.engine_heartbeat_age_s),
         ):
             g = GaugeMetricFamily(name, doc)
             g.add_metric([], float(value))
@@ -46,6 +51,13 @@ class BackendCollector:
             ("pocserve_backend_rejected_frames", "Malformed frames the backend dropped.",
              stats.num_rejected_frames),
             ("pocserve_backend_aborted_requests", "Requests aborted in the engine.", stats.num_aborted_requests),
+            ("pocserve_poc_nonces", "PoC nonces computed (mining and jobs).", stats.num_poc_nonces),
+            ("pocserve_poc_validations", "PoC validation jobs completed.", stats.num_validations),
+            ("pocserve_callbacks_delivered", "Callbacks delivered.", stats.num_callbacks_delivered),
+            ("pocserve_callbacks_dropped", "Callbacks dropped (retries exhausted or outbox full).",
+             stats.num_callbacks_dropped),
+            ("pocserve_callback_retries", "Callback attempts that failed and were retried.",
+             stats.num_callback_retries),
         ):
             c = CounterMetricFamily(name, doc)
             c.add_metric([], float(value))

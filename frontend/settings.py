@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from protocol.config import Option, SettingsError, parse_options
 
@@ -25,6 +25,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("logprob_token_format", "POCSERVE_LOGPROB_TOKEN_FORMAT", "ids",
            "logprob token strings: ids (the Gonka network's format) or text (OpenAI's)",
            choices=("ids", "text")),
+    Option("pow_api_token", "POCSERVE_POW_API_TOKEN", "",
+           "bearer token required on /api/v1/pow/* (empty: no token needed)"),
+    Option("pow_wait_timeout_s", "POCSERVE_POW_WAIT_TIMEOUT_S", 600.0,
+           "how long a /api/v1/pow/generate wait=true request may take before 503", float),
+    Option("batch_size_default", "POC_BATCH_SIZE_DEFAULT", 32,
+           "PoC batch_size when a /api/v1/pow request omits it (the fork's variable)", int),
     Option("log_format", "POCSERVE_LOG_FORMAT", "console", "log output", choices=("console", "json")),
     Option("log_level", "POCSERVE_LOG_LEVEL", "info", "log level",
            choices=("debug", "info", "warning", "error")),
@@ -42,6 +48,10 @@ class FrontendSettings:
     backend_wait_s: float
     breaker_misses: int
     logprob_token_format: str
+    # Kept out of repr so that logging the settings never prints the secret.
+    pow_api_token: str = field(repr=False)
+    pow_wait_timeout_s: float
+    batch_size_default: int
     log_format: str
     log_level: str
 
@@ -51,9 +61,11 @@ def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] 
     if not values["frontend_id"]:
         values["frontend_id"] = f"{socket.gethostname()}-{os.getpid()}"
     s = FrontendSettings(**values)
-    for name in ("ping_interval_s", "backend_timeout_s", "backend_wait_s"):
+    for name in ("ping_interval_s", "backend_timeout_s", "backend_wait_s", "pow_wait_timeout_s"):
         if getattr(s, name) <= 0:
             raise SettingsError(f"--{name.replace('_', '-')} must be positive")
     if s.breaker_misses < 1:
         raise SettingsError("--breaker-misses must be at least 1")
+    if s.batch_size_default < 1:
+        raise SettingsError("--batch-size-default / POC_BATCH_SIZE_DEFAULT must be at least 1")
     return s

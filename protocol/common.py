@@ -63,6 +63,16 @@ class BackendStats(msgspec.Struct, kw_only=True):
     iteration_tokens_count: int = 0
     inbox_depth: int = 0
     outbox_depth: int = 0
+    # PoC: a mining round is active; nonces computed (mining + jobs); validations done; queued job nonces.
+    is_mining: bool = False
+    num_poc_nonces: int = 0
+    num_validations: int = 0
+    num_queued_job_nonces: int = 0
+    # Callbacks: delivered, dropped (retries exhausted or outbox cap), retried attempts, waiting now.
+    num_callbacks_delivered: int = 0
+    num_callbacks_dropped: int = 0
+    num_callback_retries: int = 0
+    callback_backlog: int = 0
     # False while the engine is still loading (pings are answered from the first second).
     is_engine_ready: bool = False
     # Seconds since the engine thread last published stats; grows only if the engine loop is stuck.

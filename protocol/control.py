@@ -29,9 +29,11 @@ class PongReply(msgspec.Struct, tag="pong", kw_only=True):
 
 
 class ErrorReply(msgspec.Struct, tag="error", kw_only=True):
-    """Answer to a frame the backend could not decode or route (no request id is known)."""
+    """Answer to a frame the backend could not decode, or whose handler failed."""
 
     error: ErrorInfo
+    # The request id of the failed message when it had one (the frontend fails that request).
+    rid: str | None = None
 
 
 class DeadEvent(msgspec.Struct, tag="dead", kw_only=True):

@@ -26,10 +26,7 @@ NGINX_CONF = ROOT / "docker" / "nginx.conf"
 
 # Settings being added by the PoC API / access work: the compose file already sets them. Name -> the process
 # whose settings module will own it. Remove an entry once the option is in that module's OPTIONS.
-PENDING_SETTINGS: dict[str, str] = {
-    "POCSERVE_STATE_DIR": "backend",       # backend SQLite state directory (the named volume)
-    "POCSERVE_POW_API_TOKEN": "frontend",  # bearer token for /api/v1/pow/*
-}
+PENDING_SETTINGS: dict[str, str] = {}
 
 SETTINGS_ENVS = {
     "backend": {opt.env for opt in backend_settings.OPTIONS},

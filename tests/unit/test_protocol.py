@@ -69,7 +69,9 @@ def _stats() -> BackendStats:
         num_engine_steps=100, num_prompt_tokens=1000, num_generation_tokens=2000, num_finished_requests=10,
         num_aborted_requests=1, num_rejected_frames=5, iteration_tokens_bounds=[1.0, 8.0, 64.0],
         iteration_tokens_counts=[3, 2, 1], iteration_tokens_sum=150.5, iteration_tokens_count=6, inbox_depth=7,
-        outbox_depth=8, is_engine_ready=True, engine_heartbeat_age_s=0.5)
+        outbox_depth=8, is_engine_ready=True, engine_heartbeat_age_s=0.5, is_mining=True, num_poc_nonces=64,
+        num_validations=2, num_queued_job_nonces=8, num_callbacks_delivered=3, num_callbacks_dropped=1,
+        num_callback_retries=4, callback_backlog=2)
 
 
 def _sampling() -> SamplingSpec:
@@ -107,7 +109,7 @@ CANONICAL: dict[type, msgspec.Struct] = {
     PongReply: PongReply(ping_id=7, stats=_stats()),
     DeltasEvent: DeltasEvent(deltas=[_delta()]),
     GenerateErrorReply: GenerateErrorReply(rid="r-1", error=_error_info()),
-    ErrorReply: ErrorReply(error=_error_info()),
+    ErrorReply: ErrorReply(error=_error_info(), rid="r-1"),
     DeadEvent: DeadEvent(reason="engine step raised"),
     PocArtifactsRequest: PocArtifactsRequest(rid="p-1", block_hash="TEST_BLOCK", public_key="test_pub_keys",
                                              nonces=[0, 1, -2], seq_len=64, k_dim=8, stronger_rng=True),

@@ -30,6 +30,10 @@ PRECEDENCE = [
      "ids"),
     (frontend_settings, "backend_address", "POCSERVE_BACKEND_ADDRESS", "ipc:///tmp/a.ipc", "ipc:///tmp/b.ipc",
      "ipc:///tmp/pocserve/backend.ipc", "ipc:///tmp/a.ipc", "ipc:///tmp/b.ipc"),
+    (frontend_settings, "pow_api_token", "POCSERVE_POW_API_TOKEN", "env-token", "flag-token", "", "env-token",
+     "flag-token"),
+    (frontend_settings, "pow_wait_timeout_s", "POCSERVE_POW_WAIT_TIMEOUT_S", "30", "5.5", 600.0, 30.0, 5.5),
+    (frontend_settings, "batch_size_default", "POC_BATCH_SIZE_DEFAULT", "64", "8", 32, 64, 8),
 ]
 
 
@@ -92,6 +96,9 @@ def test_settings_frontend_id_defaults_to_host_pid():
     (frontend_settings, ["--ping-interval-s", "0"], {}, ["--ping-interval-s"]),
     (frontend_settings, ["--backend-timeout-s", "-1"], {}, ["--backend-timeout-s"]),
     (frontend_settings, ["--breaker-misses", "0"], {}, ["--breaker-misses"]),
+    (frontend_settings, ["--pow-wait-timeout-s", "0"], {}, ["--pow-wait-timeout-s"]),
+    (frontend_settings, [], {"POC_BATCH_SIZE_DEFAULT": "0"}, ["--batch-size-default", "POC_BATCH_SIZE_DEFAULT"]),
+    (frontend_settings, [], {"POC_BATCH_SIZE_DEFAULT": "many"}, ["POC_BATCH_SIZE_DEFAULT"]),
 ])
 def test_settings_bad_value_raises_settings_error_naming_it(module, argv, environ, names):
     with pytest.raises(SettingsError) as info:
@@ -124,8 +131,9 @@ def test_settings_bad_cli_value_exits_with_usage_naming_the_flag(module, argv, f
 # --- naming and documentation ---
 
 @pytest.mark.parametrize("module", MODULES, ids=IDS)
-def test_settings_every_env_name_starts_with_pocserve(module):
-    assert [o.env for o in module.OPTIONS if not o.env.startswith("POCSERVE_")] == []
+def test_settings_every_env_name_starts_with_pocserve_or_poc(module):
+    # POC_* names are the fork's own variables (spec §2.9), kept so existing deployments keep working.
+    assert [o.env for o in module.OPTIONS if not o.env.startswith(("POCSERVE_", "POC_"))] == []
 
 
 @pytest.mark.parametrize("module", MODULES, ids=IDS)

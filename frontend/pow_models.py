@@ -1,0 +1,154 @@
+"""Pydantic models of the Gonka PoC request bodies (/api/v1/pow/*) and their pure conversion to wire structs.
+
+Validation at the HTTP edge only: the backend decides everything else (params check, gating, queue cap,
+whether the validation nonces match). Shapes and defaults follow spec/reference-behavior.md §2.2: `params`
+forbids extra keys, the top-level bodies ignore them (as the fork does).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from protocol.poc import Artifact
+from protocol.pow import (
+    NodeIdentity, PowGenerateRequest, PowInitRequest, PowParams, StatTestSpec,
+)
+
+# msgspec encodes integers up to 64 bits; a bigger one must be a 400 here, not a 500 at encode time.
+Int64 = Annotated[int, Field(ge=-(2**63), lt=2**63)]
+Count = Annotated[int, Field(ge=1, lt=2**63)]
+Index = Annotated[int, Field(ge=0, lt=2**63)]
+# Thresholds: finite, never negative (NaN would make every comparison false and pass everything).
+Threshold = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+
+
+class PoCParamsModel(BaseModel):
+    # Extra keys are forbidden (the fork's behaviour): 400 naming the key, e.g. `params.poc_stronger_rng`.
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    seq_len: Count
+    k_dim: Count = 12
+
+    def to_wire(self) -> PowParams:
+        return PowParams(model=self.model, seq_len=self.seq_len, k_dim=self.k_dim)
+
+
+class _NodeBody(BaseModel):
+    """Fields shared by /init/generate and /generate; unknown top-level keys are ignored, as in the fork."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    block_hash: str
+    # Only echoed (in /status and callbacks).
+    block_height: Int64
+    public_key: str
+    node_id: Index
+    node_count: Count
+    params: PoCParamsModel
+    # None: the frontend's batch_size_default setting (POC_BATCH_SIZE_DEFAULT) fills it in.
+    batch_size: Count | None = None
+    # Callback base URL; None: nothing is delivered.
+    url: str | None = None
+    # Top level, not inside params (params forbids extra keys).
+    poc_stronger_rng: bool = False
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        parts = urlsplit(url)
+        if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
+            raise ValueError("must be an http:// or https:// URL")
+        return url
+
+    def node(self) -> NodeIdentity:
+        return NodeIdentity(block_hash=self.block_hash, block_height=self.block_height,
+                            public_key=self.public_key, node_id=self.node_id, node_count=self.node_count)
+
+
+class InitGenerateRequest(_NodeBody):
+    group_id: Index = 0
+    n_groups: Count = 1
+
+    @model_validator(mode="after")
+    def _ranges(self) -> InitGenerateRequest:
+        # Nonce ranges of nodes and groups are disjoint only inside these bounds (spec §2.4).
+        if self.node_id >= self.node_count:
+            raise ValueError(f"node_id ({self.node_id}) must be less than node_count ({self.node_count})")
+        if self.group_id >= self.n_groups:
+            raise ValueError(f"group_id ({self.group_id}) must be less than n_groups ({self.n_groups})")
+        return self
+
+    def to_wire(self, rid: str, batch_size_default: int) -> PowInitRequest:
+        return PowInitRequest(rid=rid, node=self.node(), params=self.params.to_wire(), group_id=self.group_id,
+                              n_groups=self.n_groups, batch_size=self.batch_size or batch_size_default,
+                              url=self.url, stronger_rng=self.poc_stronger_rng)
+
+
+class ArtifactModel(BaseModel):
+    nonce: Int64
+    vector_b64: str
+
+
+class ValidationModel(BaseModel):
+    artifacts: list[ArtifactModel]
+
+
+class StatTestModel(BaseModel):
+    """Every field optional; unset ones take the code defaults (spec §3).
+
+    The network client sends `p_value_threshold` where the fork read `fraud_threshold` (and silently ignored
+    the other name): both are accepted here and mean the same threshold.
+    """
+
+    dist_threshold: Threshold | None = None
+    p_mismatch: Probability | None = None
+    fraud_threshold: Probability | None = None
+    p_value_threshold: Probability | None = None
+
+    @model_validator(mode="after")
+    def _one_threshold(self) -> StatTestModel:
+        a, b = self.fraud_threshold, self.p_value_threshold
+        if a is not None and b is not None and a != b:
+            raise ValueError(f"fraud_threshold ({a}) and p_value_threshold ({b}) are the same setting "
+                             f"under two names and differ; send one of them")
+        return self
+
+    def to_wire(self) -> StatTestSpec:
+        spec = StatTestSpec()
+        if self.dist_threshold is not None:
+            spec.dist_threshold = self.dist_threshold
+        if self.p_mismatch is not None:
+            spec.p_mismatch = self.p_mismatch
+        threshold = self.fraud_threshold if self.fraud_threshold is not None else self.p_value_threshold
+        if threshold is not None:
+            spec.fraud_threshold = threshold
+        return spec
+
+
+class GenerateRequest(_NodeBody):
+    # node_id/node_count do not affect the computation here (only echoed in callbacks), so their relation is
+    # not checked: the validator's node number need not be below the count of nodes serving the model.
+    nonces: Annotated[list[Int64], Field(min_length=1)]
+    # False: queue the job and answer with its id (what the network client does).
+    wait: bool = False
+    # Received artifacts to compare with; None: compute only. The backend checks that the nonces match.
+    validation: ValidationModel | None = None
+    # None: all defaults.
+    stat_test: StatTestModel | None = None
+
+    def to_wire(self, rid: str, batch_size_default: int) -> PowGenerateRequest:
+        validation = None
+        if self.validation is not None:
+            validation = [Artifact(nonce=a.nonce, vector_b64=a.vector_b64) for a in self.validation.artifacts]
+        return PowGenerateRequest(
+            rid=rid, node=self.node(), params=self.params.to_wire(), nonces=list(self.nonces),
+            batch_size=self.batch_size or batch_size_default, wait=self.wait, url=self.url, validation=validation,
+            stat_test=self.stat_test.to_wire() if self.stat_test is not None else None,
+            stronger_rng=self.poc_stronger_rng)

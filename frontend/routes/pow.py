@@ -1,0 +1,147 @@
+"""Gonka PoC routes (/api/v1/pow/*): validate → convert → await the backend → shape the fork's response.
+
+The backend decides everything (params check, gating, queue cap, round state); its ErrorInfo keeps its status
+(409, 400, 404, 429, 503) through BackendRequestError. Shapes follow spec/reference-behavior.md §2.3.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+
+import msgspec
+import structlog
+from fastapi import APIRouter, Depends, Request
+
+from frontend.backend_client import BackendRequestError, BackendUnavailable
+from frontend.errors import ApiError
+from frontend.pow_models import GenerateRequest, InitGenerateRequest
+from frontend.settings import FrontendSettings
+from protocol.common import Fingerprint
+from protocol.pow import (
+    JobView, PowJobReply, PowJobRequest, PowStatusReply, PowStatusRequest, PowStopRequest,
+)
+
+log = structlog.get_logger(__name__)
+
+# Control calls are answered between engine steps; /stop may first flush callbacks for a few seconds.
+CONTROL_TIMEOUT_S = 30.0
+
+# Protocol version from which a backend has each feature (all of them since the first).
+_FEATURES_SINCE = {"poc_validation_inference": 1, "stronger_rng": 1, "enforced_tokens": 1, "logprobs_mode": 1,
+                   "stat_test_p_value_threshold": 1}
+
+
+def bearer_guard(token: str):
+    """A dependency that demands `Authorization: Bearer <token>`; no check when the token is empty."""
+    expected = token.encode()
+
+    async def check(request: Request) -> None:
+        if not token:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+            raise ApiError(401, "missing or invalid bearer token for /api/v1/pow", type="AuthenticationError",
+                           headers={"WWW-Authenticate": "Bearer"})
+
+    return check
+
+
+def job_result_fields(job: JobView) -> dict:
+    """The stored result of a completed job: artifacts + encoding, or the validation outcome."""
+    if job.validation is not None:
+        v = job.validation
+        return {"n_total": v.n_total, "n_mismatch": v.n_mismatch, "mismatch_nonces": v.mismatch_nonces,
+                "p_value": v.p_value, "fraud_detected": v.fraud_detected}
+    if job.artifacts is not None:
+        return {"artifacts": [{"nonce": a.nonce, "vector_b64": a.vector_b64} for a in job.artifacts],
+                "encoding": {"dtype": "f16", "k_dim": job.k_dim, "endian": "le"}}
+    return {}
+
+
+def job_body(job: JobView) -> dict:
+    body = {"status": job.status, "request_id": job.job_id}
+    if job.status == "completed":
+        body.update(job_result_fields(job))
+    elif job.status == "failed":
+        body["error"] = job.error or ""
+    return body
+
+
+def status_body(reply: PowStatusReply) -> dict:
+    return {"status": reply.status,
+            "config": msgspec.structs.asdict(reply.config) if reply.config is not None else None,
+            "stats": msgspec.structs.asdict(reply.stats) if reply.stats is not None else None}
+
+
+def versions_body(fp: Fingerprint) -> dict:
+    capabilities = {name: fp.protocol_version >= since for name, since in _FEATURES_SINCE.items()}
+    capabilities["shared_mode"] = fp.scheduling_mode == "shared"
+    return {"vllm_version": fp.vllm_version, "poc_validation_inference": True,
+            "scheduling_mode": fp.scheduling_mode, "protocol_version": fp.protocol_version,
+            "capabilities": capabilities}
+
+
+async def _call(request: Request, msg, timeout_s: float | None = CONTROL_TIMEOUT_S):
+    reply = await request.app.state.client.call(msg, timeout_s)
+    if reply.error is not None:
+        raise BackendRequestError(reply.error)
+    return reply
+
+
+def _job_of(reply: PowJobReply) -> JobView:
+    if reply.job is None:
+        raise ApiError(500, "backend answered without a job or an error")
+    return reply.job
+
+
+def make_pow_router(settings: FrontendSettings) -> APIRouter:
+    router = APIRouter(prefix="/api/v1/pow", tags=["pow"],
+                       dependencies=[Depends(bearer_guard(settings.pow_api_token))])
+    wait_timeout_s = settings.pow_wait_timeout_s
+
+    @router.post("/init/generate")
+    async def init_generate(body: InitGenerateRequest, request: Request) -> dict:
+        msg = body.to_wire(request.app.state.client.new_rid(), settings.batch_size_default)
+        reply: PowStatusReply = await _call(request, msg)
+        return {"status": "OK", "pow_status": {"status": reply.status}}
+
+    @router.post("/generate")
+    async def generate(body: GenerateRequest, request: Request) -> dict:
+        msg = body.to_wire(request.app.state.client.new_rid(), settings.batch_size_default)
+        if not body.wait:
+            job = _job_of(await _call(request, msg))
+            return {"status": job.status, "request_id": job.job_id, "queued_count": job.num_queued}
+        # The job runs to the end in the backend even if this times out or the client leaves: nothing to abort.
+        try:
+            async with asyncio.timeout(wait_timeout_s):
+                reply: PowJobReply = await _call(request, msg, None)
+        except TimeoutError:
+            log.warning("pow_generate_wait_timeout", rid=msg.rid, num_nonces=len(msg.nonces),
+                        timeout_s=wait_timeout_s)
+            raise ApiError(503, f"Timeout after {wait_timeout_s:g}s") from None
+        return job_body(_job_of(reply))
+
+    @router.get("/generate/{request_id}")
+    async def generate_result(request_id: str, request: Request) -> dict:
+        msg = PowJobRequest(rid=request.app.state.client.new_rid(), job_id=request_id)
+        return job_body(_job_of(await _call(request, msg)))
+
+    @router.get("/status")
+    async def status(request: Request) -> dict:
+        reply = await _call(request, PowStatusRequest(rid=request.app.state.client.new_rid()))
+        return status_body(reply)
+
+    @router.post("/stop")
+    async def stop(request: Request) -> dict:
+        reply = await _call(request, PowStopRequest(rid=request.app.state.client.new_rid()))
+        return {"status": "OK", "pow_status": {"status": reply.status}}
+
+    @router.get("/versions")
+    async def versions(request: Request) -> dict:
+        fp = request.app.state.client.fingerprint
+        if fp is None:
+            raise BackendUnavailable("backend not ready")
+        return versions_body(fp)
+
+    return router

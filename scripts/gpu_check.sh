@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs the GPU checks on a CUDA machine with the staged vLLM 0.26 bundle (see ../shared/gpu/README.md).
+#   bash scripts/gpu_check.sh tests    # the device-agnostic integration suite + tests/gpu on the CUDA engine
+#   bash scripts/gpu_check.sh bench    # PoC forward (0.6B shape) vs bare, serving vs `vllm serve`, mining rate
+# Results go to $OUT (default ./gpu-out).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+bash .stage/p1/install.sh
+export PYTHONPATH=/tmp/site:$PWD
+export VLLM_USE_V2_MODEL_RUNNER=0 VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONHASHSEED=0
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+case "${1:-tests}" in
+  tests)
+    python3 -m pytest -q -p no:cacheprovider -o addopts="" -W ignore::pytest.PytestConfigWarning \
+      tests/gpu tests/integration/test_openai_api.py tests/integration/test_poc_artifacts.py \
+      tests/integration/test_validation_replay.py tests/integration/test_logprobs_mode.py \
+      tests/integration/test_grammar_degradation.py tests/integration/test_pow_api.py -s \
+      --junitxml "$out/gpu-tests.xml" 2>&1 | tee "$out/gpu-tests.txt" | grep -vE "^(INFO|WARNING|DEBUG)"
+    ;;
+  bench)
+    python3 -m bench.poc_forward --shape qwen3-0.6b --seq-lens 256 1024 --batches 32 64 --iters 10 \
+      --gpu-memory-utilization 0.6 --json "$out/poc_forward.json" 2>&1 | grep -vE "^(INFO|WARNING|DEBUG)" \
+      | tee "$out/poc_forward.txt"
+    python3 -m bench.serving --shape qwen3-0.6b --json "$out/serving.json" 2>&1 \
+      | grep -vE "^(INFO|WARNING|DEBUG)" | tail -40 | tee "$out/serving.txt"
+    ;;
+esac
