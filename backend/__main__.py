@@ -49,6 +49,7 @@ def serve(settings: BackendSettings) -> int:
     from backend.loop import BackendLoop
     from backend.wiring import make_pow_service
 
+    loop = None
     try:
         engine = Engine(settings)
         if settings.fault_fail_on_step:
@@ -72,6 +73,8 @@ def serve(settings: BackendSettings) -> int:
         return 1
     finally:
         server.stop()
+        if loop is not None and loop.pow is not None:
+            loop.pow.callbacks.close()  # before the store: acknowledged rows must still be deleted
         store.close()
 
 

@@ -100,6 +100,8 @@ class CallbackSender:
         self.max_outbox = max_outbox
         self.max_concurrent = max_concurrent
         self._clock = clock  # wall clock: next_attempt_at is persisted
+        # What a previous process left undelivered (blocking: this runs once, at startup).
+        loaded = store.call(_select_all)
         self._client: httpx.Client | None = None
         if post is None:
             limits = httpx.Limits(max_connections=max_concurrent, max_keepalive_connections=max_concurrent)
@@ -107,7 +109,8 @@ class CallbackSender:
             post = self._http_post
         self._post = post
         # Rows delivered / dropped (cap or retries) / failed and rescheduled; rows waiting.
-        self.num_delivered = self.num_dropped = self.num_retries = self.backlog = 0
+        self.num_delivered = self.num_dropped = self.num_retries = 0
+        self.backlog = len(loaded)
         self._inbox: queue.SimpleQueue[_Row | _Result | _Flush | None] = queue.SimpleQueue()
         self._rows: dict[int, _Row] = {}  # insertion order is age order: the cap drops from the front
         self._groups: dict[tuple, _Group] = {}
@@ -117,7 +120,7 @@ class CallbackSender:
         self._is_closed = False
         self._stop_deadline: float | None = None
         self._pool = ThreadPoolExecutor(max_concurrent, thread_name_prefix="pocserve-callback-post")
-        self._thread = threading.Thread(target=self._run, name="pocserve-callbacks", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(loaded,), name="pocserve-callbacks", daemon=True)
         self._thread.start()
 
     # --- any thread ---
@@ -196,14 +199,12 @@ class CallbackSender:
 
     # --- dispatcher thread ---
 
-    def _run(self) -> None:
-        try:
-            now = self._clock()
-            for row in self._store.call(_select_all):
-                self._add_row(row, gate_at=now)  # a restart resends everything at once
-            log.info("callback_outbox_loaded", num_rows=len(self._rows))
-        except Exception:  # keep serving new rows; the old ones stay in the file for the next start
-            log.exception("callback_outbox_load_failed")
+    def _run(self, loaded: list[_Row]) -> None:
+        now = self._clock()
+        for row in loaded:
+            self._add_row(row, gate_at=now)  # a restart resends everything at once
+        if loaded:
+            log.info("callback_outbox_loaded", num_rows=len(loaded))
         while self._stop_deadline is None:
             try:
                 self._drain(self._wait_s())
@@ -247,8 +248,6 @@ class CallbackSender:
         return max(0.0, min(min(gates, default=now + _MAX_WAIT_S), now + _MAX_WAIT_S) - now)
 
     def _add_row(self, row: _Row, gate_at: float | None = None) -> None:
-        if row.id in self._rows:
-            return  # the startup load and the inbox both saw a row committed meanwhile
         self._rows[row.id] = row
         row.key = _group_key(row)
         group = self._groups.get(row.key)

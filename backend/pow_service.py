@@ -100,9 +100,17 @@ class PowService:
             self._waiting.append(_WaitingCall(identity, msg))
             return
         job_id = str(uuid.uuid4())
+
+        def persisted(error: BaseException | None) -> None:
+            # Answered only once the job is on disk: an accepted job survives a crash.
+            if error is not None:
+                info = _err(503, f"could not persist the job: {error}", type="Service Unavailable")
+                self._send(identity, PowJobReply(rid=msg.rid, error=info))
+            else:
+                self._send(identity, PowJobReply(rid=msg.rid, job=job_view_queued(job_id, len(msg.nonces))))
+
         try:
-            self.jobs.enqueue(job_id, job_request(msg), len(msg.nonces), on_persisted=lambda _r: self._send(
-                identity, PowJobReply(rid=msg.rid, job=job_view_queued(job_id, len(msg.nonces)))))
+            self.jobs.enqueue(job_id, job_request(msg), len(msg.nonces), on_persisted=persisted)
         except QueueFull as e:
             self._send(identity, PowJobReply(rid=msg.rid, error=_err(
                 429, f"Queue full: {e.queued} nonces queued, limit is {e.limit}", type="Too Many Requests")))
@@ -252,11 +260,11 @@ class PowService:
                     log.error("poc_job_failed", job_id=job.id, error=error.message)
                     self.jobs.fail(job, error.message)
                     return
-                self.jobs.complete(job, result)
-                if msg.url:
+                if msg.url:  # the callback first: a crash in between re-runs the job instead of losing it
                     path, payload = (("validated", validated_payload(job.id, msg, result)) if msg.validation
                                      is not None else ("generated", generated_payload(job.id, msg, result)))
                     self.callbacks.enqueue(msg.url, path, payload)
+                self.jobs.complete(job, result)
                 return
             # wait=true answers carry a fresh request id that is not stored (as in the fork).
             view = None if error else view_from_result(str(uuid.uuid4()), "completed", msg.params.k_dim, result, None)

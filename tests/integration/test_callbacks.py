@@ -83,6 +83,12 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
         time.sleep(0.01)
 
 
+def frozen_clock() -> Callable[[], float]:
+    """A clock that never moves: a failed row waits out its backoff forever, unless flush() forces it."""
+    now = time.time()
+    return lambda: now
+
+
 def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -184,13 +190,15 @@ def test_callbacks_receiver_down_then_up_delivers(make_sender, store):
 
 @pytest.mark.parametrize("mode", ["500", "hang", "reset"])
 def test_callbacks_failure_modes_retry_then_recover(receiver, make_sender, mode):
-    receiver.mode, receiver.hang_s = mode, 0.6
-    sender = make_sender(max_backoff_s=0.2, timeout_s=0.3)
+    receiver.mode, receiver.hang_s = mode, 1.0
+    sender = make_sender(max_backoff_s=0.2, timeout_s=0.5)
     sender.enqueue(receiver.url, "generated", {"request_id": "r"})
     wait_until(lambda: sender.num_retries >= 1)
     receiver.mode = "ok"
     wait_until(lambda: sender.num_delivered == 1)
-    assert receiver.bodies("/generated") == [{"request_id": "r"}]
+    # At least once: on a loaded machine an answer may come after the timeout and be sent again.
+    bodies = receiver.bodies("/generated")
+    assert bodies and all(b == {"request_id": "r"} for b in bodies)
     assert sender.num_dropped == 0
 
 
@@ -206,7 +214,7 @@ def test_callbacks_max_retries_drops_and_counts(receiver, make_sender, store):
 
 def test_callbacks_outbox_cap_drops_oldest(receiver, make_sender, store):
     down = f"http://127.0.0.1:{closed_port()}{BASE_PATH}"
-    first = make_sender(max_backoff_s=30.0)
+    first = make_sender(clock=frozen_clock())
     for i in range(5):
         first.enqueue(down, "generated", {"request_id": f"r{i}"})
     wait_until(lambda: first.num_retries == 5)
@@ -224,7 +232,7 @@ def test_callbacks_rows_survive_restart(receiver, tmp_path):
     path = tmp_path / "restart.db"
     down = f"http://127.0.0.1:{closed_port()}{BASE_PATH}"
     store = Store(path)
-    sender = CallbackSender(store, interval_s=0.1, max_backoff_s=30.0, timeout_s=1.0)
+    sender = CallbackSender(store, interval_s=0.0, timeout_s=1.0, clock=frozen_clock())
     sender.enqueue(down, "validated", {"request_id": "r"})
     sender.add_generated(down, META, artifacts(5, 6), ENCODING)
     wait_until(lambda: sender.num_retries == 2)
@@ -250,15 +258,15 @@ def test_callbacks_rows_survive_restart(receiver, tmp_path):
 
 def test_callbacks_flush_sends_now_and_returns_counts(receiver, make_sender, store):
     receiver.mode = "500"
-    sender = make_sender(interval_s=60.0, max_backoff_s=30.0)
+    sender = make_sender(clock=frozen_clock())
     sender.enqueue(receiver.url, "validated", {"request_id": "r"})
-    wait_until(lambda: sender.num_retries == 1)  # now waiting out a 1 s backoff
+    wait_until(lambda: sender.num_retries == 1)  # now waiting out its backoff (forever: the clock is frozen)
     receiver.mode = "ok"
     for i in range(3):
         sender.add_generated(receiver.url, META, artifacts(i), ENCODING)
     t0 = time.monotonic()
     assert sender.flush(5.0) == (4, 0)  # the rows just added are included, interval and backoff ignored
-    assert time.monotonic() - t0 < 0.9
+    assert time.monotonic() - t0 < 2.0
     assert receiver.bodies("/generated") == [{**META, "artifacts": artifacts(0, 1, 2), "encoding": ENCODING}]
     assert receiver.bodies("/validated") == [{"request_id": "r"}]
 

@@ -1,0 +1,135 @@
+"""PoC artifact throughput through the served vLLM model vs the bare vLLM forward, measured in one run.
+
+    python -m bench.poc_forward --shape qwen3-0.6b --seq-lens 256 1024 --batches 32 64     (GPU)
+    python -m bench.poc_forward --seq-lens 64 --batches 8                                   (CPU, tiny)
+
+"PoC" is the production path (engine thread → leased KV blocks → worker: seeded inputs, per-layer
+reflections, final-norm hidden, pick/rotate/encode on the device). "Bare" is the same batched prefill on
+the same leased blocks with inputs made once and no reflections, RNG or post-processing. MFU counts
+2 × (q, k, v, o, MLP weights) per token plus causal attention, against the bf16 matmul peak measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from backend.engine import compat
+from backend.engine.poc import ArtifactJob
+
+
+def _bare(worker, block_ids: list[int], num_seqs: int, seq_len: int, iters: int) -> float:
+    """Runs inside the worker (in-process executor): the forward alone, seconds per iteration."""
+    import torch
+
+    from poc.forward import prefill_last_hidden
+    mr, cfg = worker.model_runner, worker.vllm_config
+    device = torch.device(worker.device) if not isinstance(worker.device, torch.device) else worker.device
+    x = torch.randn(num_seqs, seq_len, cfg.model_config.get_hidden_size(), device=device,
+                    dtype=cfg.model_config.dtype)
+    model = mr.get_model()
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    with torch.inference_mode():
+        prefill_last_hidden(mr, cfg, model, block_ids, x)
+        sync()
+        started = time.perf_counter()
+        for _ in range(iters):
+            prefill_last_hidden(mr, cfg, model, block_ids, x)
+        sync()
+    return (time.perf_counter() - started) / iters
+
+
+def _peak_tflops(worker) -> float:
+    import torch
+    device = torch.device(worker.device) if not isinstance(worker.device, torch.device) else worker.device
+    n = 8192 if device.type == "cuda" else 1024
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    iters = 20 if device.type == "cuda" else 3
+    started = time.perf_counter()
+    for _ in range(iters):
+        a @ b
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return 2 * n**3 * iters / (time.perf_counter() - started) / 1e12
+
+
+def flops_per_seq(cfg, seq_len: int) -> float:
+    h, layers = cfg.hidden_size, cfg.num_hidden_layers
+    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or h // heads
+    linear = h * heads * head_dim * 2 + h * kv_heads * head_dim * 2 + 3 * h * cfg.intermediate_size
+    attention = 2 * seq_len * seq_len * heads * head_dim  # QK^T and AV, causal half of 2·2·L²·d
+    return layers * (2 * linear * seq_len + attention)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="tiny", choices=("tiny", "qwen3-0.6b"))
+    p.add_argument("--model-dir", default="")
+    p.add_argument("--seq-lens", type=int, nargs="+", default=[64])
+    p.add_argument("--batches", type=int, nargs="+", default=[8])
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    p.add_argument("--json", default="")
+    args = p.parse_args(argv)
+
+    from backend.engine.adapter import Engine
+    from backend.modelgen import ensure_model
+    from backend.settings import load_settings
+    model_dir = Path(args.model_dir or f"models/{args.shape}")
+    ensure_model(model_dir, args.shape)
+    max_tokens = max(args.seq_lens) * max(args.batches)
+    settings = load_settings(["--model", str(model_dir), "--generate-model", "none", "--max-model-len",
+                              str(max(max(args.seq_lens), 2048)), "--max-num-seqs", str(max(args.batches)),
+                              "--max-num-batched-tokens", str(max_tokens), "--gpu-memory-utilization",
+                              str(args.gpu_memory_utilization)])
+    engine = Engine(settings)
+    llm, runner = engine.llm, engine.poc
+    hf_cfg = llm.model_config.hf_config
+    peak = llm.collective_rpc(_peak_tflops)[0]
+    pool = compat.block_pool(llm)
+    rows = []
+    for seq_len in args.seq_lens:
+        for batch in args.batches:
+            nonces = list(range(batch))
+            job = ArtifactJob("BENCH_BLOCK", "bench_key", tuple(nonces), seq_len)
+            runner.run(job, nonces)  # warm-up
+            started = time.perf_counter()
+            for i in range(args.iters):
+                arts, n = runner.run(job, [i * batch + k for k in range(batch)])
+                assert n == batch
+            poc_s = (time.perf_counter() - started) / args.iters
+            blocks = pool.get_new_blocks(batch * runner.blocks_per_seq(seq_len))
+            try:
+                bare_s = llm.collective_rpc(_bare, args=([b.block_id for b in blocks], batch, seq_len,
+                                                         args.iters))[0]
+            finally:
+                pool.free_blocks(blocks)
+            flops = flops_per_seq(hf_cfg, seq_len) * batch
+            row = {"seq_len": seq_len, "batch": batch, "poc_nonces_per_s": batch / poc_s,
+                   "bare_nonces_per_s": batch / bare_s, "ratio": bare_s / poc_s,
+                   "poc_mfu": flops / poc_s / 1e12 / peak, "bare_mfu": flops / bare_s / 1e12 / peak}
+            rows.append(row)
+            print(f"L={seq_len:5d} B={batch:3d}  PoC {row['poc_nonces_per_s']:9.1f} nonces/s "
+                  f"(MFU {row['poc_mfu']:.3f})  bare {row['bare_nonces_per_s']:9.1f} nonces/s "
+                  f"(MFU {row['bare_mfu']:.3f})  PoC/bare {row['ratio']:.3f}", flush=True)
+    device = str(llm.vllm_config.device_config.device_type)
+    print(f"device {device}  peak bf16 matmul {peak:.1f} TFLOP/s  model {args.shape}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": device, "peak_tflops": peak, "shape": args.shape,
+                                               "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
