@@ -200,6 +200,7 @@ class PowService:
                                              spec.stronger_rng))
         except PocInputError as e:
             raise _Refused(_err(400, e.message, param=_param_path(e.field))) from e
+        mining = MiningRound(spec)
         if self.mode == "exclusive":
             # Order matters: gate on (no new chat) → abort in flight → start; any failure turns the gate off.
             self.is_gating_chat = True
@@ -209,7 +210,7 @@ class PowService:
                 self.is_gating_chat = False
                 raise
             log.info("chat_gated_for_poc", num_aborted=num_aborted)
-        self.round = MiningRound(spec)
+        self.round = mining
         log.info("poc_round_started", block_height=spec.block_height, node_id=spec.node_id,
                  batch_size=spec.batch_size, seq_len=spec.seq_len, mode=self.mode)
 

@@ -75,15 +75,10 @@ class _NodeBody(BaseModel):
 class InitGenerateRequest(_NodeBody):
     group_id: Index = 0
     n_groups: Count = 1
-
-    @model_validator(mode="after")
-    def _ranges(self) -> InitGenerateRequest:
-        # Nonce ranges of nodes and groups are disjoint only inside these bounds (spec §2.4).
-        if self.node_id >= self.node_count:
-            raise ValueError(f"node_id ({self.node_id}) must be less than node_count ({self.node_count})")
-        if self.group_id >= self.n_groups:
-            raise ValueError(f"group_id ({self.group_id}) must be less than n_groups ({self.n_groups})")
-        return self
+    # node_id >= node_count is accepted, as in the fork: dapi sends node_id = its NodeNum, a 1-based counter that
+    # only grows, and node_count = its current number of nodes, so a host with one node sends (1, 1). Nonce
+    # ranges are disjoint only for node_id < node_count and group_id < n_groups (spec §2.4), which is the
+    # client's business; refusing other values would stop that host from mining.
 
     def to_wire(self, rid: str, batch_size_default: int) -> PowInitRequest:
         return PowInitRequest(rid=rid, node=self.node(), params=self.params.to_wire(), group_id=self.group_id,

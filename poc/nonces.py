@@ -1,7 +1,10 @@
 """The nonce range of one node in a PoC round (spec §2.4): the x-th nonce is node_id + g·N + x·(G·N).
 
-Nodes (node_id < N) within groups (g < G) interleave with stride G·N, so their ranges are disjoint; the
-constructor refuses parameters that would break that.
+Nodes (node_id < N) within groups (g < G) interleave with stride G·N, so their ranges are disjoint. Larger
+node_id / group_id values are accepted, as in the fork: the network client sends node_id = its NodeNum, a
+1-based counter that only grows as nodes are registered, and node_count = the number of nodes it has now, so a
+host with one node sends node_id 1, node_count 1 (nonces 1, 2, 3, …). Refusing that would stop the host mining.
+Only values that make no sense at all (counts < 1, negative ids) are refused.
 """
 
 from __future__ import annotations
@@ -21,10 +24,10 @@ class NonceIterator:
             raise PocInputError("node_count", f"must be >= 1, got {node_count}")
         if n_groups < 1:
             raise PocInputError("n_groups", f"must be >= 1, got {n_groups}")
-        if not 0 <= node_id < node_count:
-            raise PocInputError("node_id", f"must be in [0, node_count={node_count}), got {node_id}")
-        if not 0 <= group_id < n_groups:
-            raise PocInputError("group_id", f"must be in [0, n_groups={n_groups}), got {group_id}")
+        if node_id < 0:
+            raise PocInputError("node_id", f"must be >= 0, got {node_id}")
+        if group_id < 0:
+            raise PocInputError("group_id", f"must be >= 0, got {group_id}")
         self.node_id = node_id
         self.node_count = node_count
         self.group_id = group_id

@@ -32,7 +32,7 @@ def stack(model_dir, tmp_path_factory) -> Iterator[Stack]:
     """The shared backend + frontend; tests must leave the engine idle (no running requests) when done."""
     work = tmp_path_factory.mktemp("stack")
     address = f"ipc://{work}/backend.ipc"
-    backend = Proc(backend_args(model_dir, address), work / "backend.log").start()
+    backend = Proc(backend_args(model_dir, address, "--state-dir", str(work / "state")), work / "backend.log").start()
     port = free_port()
     frontend = Proc(frontend_args(address, port), work / "frontend.log").start()
     base_url = f"http://127.0.0.1:{port}"

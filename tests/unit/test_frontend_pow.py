@@ -142,13 +142,12 @@ async def test_pow_init_every_field_maps_to_the_wire(api):
     ("init/generate", {"params": {**PARAMS, "poc_stronger_rng": True}}, "params.poc_stronger_rng",
      "params.poc_stronger_rng: Extra inputs are not permitted"),
     ("generate", {"params": {**PARAMS, "poc_stronger_rng": True}}, "params.poc_stronger_rng", "Extra inputs"),
-    ("init/generate", {"node_id": 3}, None, "node_id (3) must be less than node_count (3)"),
     ("init/generate", {"params": {"model": "tiny", "seq_len": 0}}, "params.seq_len", "greater than or equal to 1"),
     ("generate", {"nonces": []}, "nonces", "at least 1 item"),
     ("generate", {"url": "file:///etc/passwd"}, "url", "http:// or https://"),
     ("generate", {"stat_test": {"fraud_threshold": 0.01, "p_value_threshold": 0.05}}, "stat_test",
      "fraud_threshold (0.01) and p_value_threshold (0.05)"),
-], ids=["init-params-extra", "generate-params-extra", "node_id-range", "seq_len", "empty-nonces", "url",
+], ids=["init-params-extra", "generate-params-extra", "seq_len", "empty-nonces", "url",
         "threshold-conflict"])
 async def test_pow_invalid_body_is_400_naming_the_field(api, route, change, param, message):
     # The full table of rejected bodies is in test_frontend_pow_models.py; this checks the HTTP mapping.

@@ -19,10 +19,8 @@ def _loc_of_rejection(model, body: dict) -> tuple:
 
 
 @pytest.mark.parametrize("change,loc", [
-    ({"node_id": 3}, ()),
     ({"node_id": -1}, ("node_id",)),
     ({"node_count": 0}, ("node_count",)),
-    ({"group_id": 2, "n_groups": 2}, ()),
     ({"group_id": -1}, ("group_id",)),
     ({"n_groups": 0}, ("n_groups",)),
     ({"batch_size": 0}, ("batch_size",)),
@@ -70,6 +68,14 @@ def test_pow_models_init_defaults_and_batch_size_from_setting():
 def test_pow_models_init_accepts_the_last_node_and_group():
     InitGenerateRequest.model_validate({**NODE, "node_id": 2, "group_id": 3, "n_groups": 4, "params": PARAMS,
                                         "url": "HTTPS://dapi:9100/v2/poc-batches/m"})
+
+
+def test_pow_models_init_accepts_node_ids_past_node_count():
+    # dapi sends node_id = NodeNum (1-based) and node_count = its node count: one node is (1, 1).
+    msg = InitGenerateRequest.model_validate({**NODE, "node_id": 1, "node_count": 1, "params": PARAMS}).to_wire("r", 4)
+    assert (msg.node.node_id, msg.node.node_count) == (1, 1)
+    msg = InitGenerateRequest.model_validate({**NODE, "group_id": 2, "n_groups": 2, "params": PARAMS}).to_wire("r", 4)
+    assert (msg.group_id, msg.n_groups) == (2, 2)
 
 
 def test_pow_models_generate_node_id_need_not_be_below_node_count():

@@ -50,9 +50,7 @@ def test_nonce_iterator_ranges_disjoint():
     [
         ("node_count", (0, 0, 0, 1)),
         ("n_groups", (0, 1, 0, 0)),
-        ("node_id", (3, 3, 0, 1)),
         ("node_id", (-1, 3, 0, 1)),
-        ("group_id", (0, 3, 2, 2)),
         ("group_id", (0, 3, -1, 2)),
     ],
 )
@@ -61,6 +59,14 @@ def test_nonce_iterator_rejects_bad_args(field, args):
         NonceIterator(*args)
     assert isinstance(info.value, PocInputError) and info.value.field == field
     assert field in str(info.value)
+
+
+def test_nonce_iterator_accepts_ids_past_the_counts_as_the_fork_does():
+    # The network client sends node_id = NodeNum (1-based, only grows) and node_count = its current node count:
+    # a host with one node sends (1, 1); the fork's formula applies unchanged.
+    assert NonceIterator(1, 1).take(4) == [1, 2, 3, 4]
+    assert NonceIterator(3, 2).take(3) == [3, 5, 7]
+    assert NonceIterator(1, 1, 2, 2).take(3) == [3, 5, 7]
 
 
 def test_nonce_iterator_rejects_negative_take():

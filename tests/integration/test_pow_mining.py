@@ -1,0 +1,327 @@
+"""PoC mining rounds, queued jobs and their callbacks, against a real HTTP receiver on loopback.
+
+Two backends of our own (each ~15 s and 2.4 GB to start): one in shared scheduling mode with a short callback
+interval and a queue cap of 8 nonces, used by most tests here; one that is SIGKILLed and restarted on its state
+dir. Spec: reference-behavior.md §2.3–2.8 (shapes, queue, callbacks), §3 (validation), §7 (shared vs exclusive),
+§9.2–9.3 (what the node's dapi sends and receives).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import httpx
+import numpy as np
+import pytest
+from scipy.stats import binomtest
+
+from tests.integration.pow_util import (
+    CALLBACK_BASE, ENCODING, GENERATED_KEYS, JOB_GENERATED_KEYS, MODEL, VALIDATED_KEYS, Receiver, Server,
+    artifacts_of, decode, echoed, encode, generate, metric, negated, node, params, poll_job, shifted, status, stop,
+    validation, wait_until,
+)
+from tests.stack import wait_healthy
+
+MAX_QUEUED = 8
+
+
+@pytest.fixture(scope="module")
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def shared(model_dir, tmp_path_factory):
+    server = Server.start(model_dir, tmp_path_factory.mktemp("pow-shared"), "--scheduling-mode", "shared",
+                          "--callback-interval-s", "0.5", "--max-queued-nonces", str(MAX_QUEUED))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def pow_url(shared, receiver):
+    receiver.status = 200
+    yield shared.pow
+    receiver.status = 200
+    stop(shared.pow)  # whatever a test did, the next one starts idle
+
+
+def init(pow_url: str, **fields) -> httpx.Response:
+    body = {**node(), "batch_size": 4, "params": params(32), **fields}
+    return httpx.post(f"{pow_url}/init/generate", json=body, timeout=60)
+
+
+def queue_job(pow_url: str, nonces: list[int], **fields) -> str:
+    r = generate(pow_url, nonces, wait=False, **fields)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert list(body) == ["status", "request_id", "queued_count"]
+    assert body["status"] == "queued" and body["queued_count"] == len(nonces)
+    uuid.UUID(body["request_id"])
+    return body["request_id"]
+
+
+def test_versions_report_shared_mode(shared):
+    body = httpx.get(f"{shared.pow}/versions", timeout=10).json()
+    assert body["poc_validation_inference"] is True and body["scheduling_mode"] == "shared"
+    assert body["capabilities"]["shared_mode"] is True
+
+
+def test_mining_round_streams_generated_callbacks_that_revalidate(pow_url, receiver):
+    # Node 1 of 3 in group 1 of 2: the x-th nonce is 1 + 1·3 + x·6 (spec §2.4).
+    identity = node(block_hash="MINING_BLOCK", block_height=321, public_key="02miner", node_id=1, node_count=3)
+    before = len(receiver.bodies("generated"))
+    try:
+        r = init(pow_url, **identity, group_id=1, n_groups=2, url=receiver.url)
+        assert r.status_code == 200, r.text
+        assert r.json() == {"status": "OK", "pow_status": {"status": "GENERATING"}}
+        wait_until(lambda: sum(len(b["artifacts"]) for b in receiver.bodies("generated")[before:]) >= 8,
+                   what="8 artifacts delivered")
+        s = status(pow_url)
+        assert s["status"] == "GENERATING"
+        assert s["config"] == {**identity, "group_id": 1, "n_groups": 2, "seq_len": 32, "k_dim": 12}
+        assert s["stats"]["total_processed"] >= 8 and s["stats"]["nonces_per_second"] > 0
+        # Jobs wait while the round is active: a wait=true call would block, a queued one stays queued.
+        job_id = queue_job(pow_url, [7])
+        assert httpx.get(f"{pow_url}/generate/{job_id}", timeout=10).json() == {"status": "queued",
+                                                                              "request_id": job_id}
+    finally:
+        assert stop(pow_url) == {"status": "OK", "pow_status": {"status": "STOPPED"}}
+    processed = s["stats"]["total_processed"]
+    assert status(pow_url) == {"status": "IDLE", "config": None, "stats": None}
+    # /stop flushed what was computed; nothing arrives after it.
+    bodies = receiver.bodies("generated")[before:]
+    time.sleep(1.0)
+    assert len(receiver.bodies("generated")) - before == len(bodies)
+
+    nonces, arts = [], {}
+    for body in bodies:
+        assert list(body) == GENERATED_KEYS  # no request_id on the streamed callbacks
+        assert {k: body[k] for k in ("public_key", "block_hash", "block_height", "node_id")} == {
+            "public_key": "02miner", "block_hash": "MINING_BLOCK", "block_height": 321, "node_id": 1}
+        assert body["encoding"] == ENCODING
+        for a in body["artifacts"]:
+            assert list(a) == ["nonce", "vector_b64"]
+            v = decode(a["vector_b64"])
+            assert v.shape == (12,) and np.isfinite(v).all()
+            nonces.append(a["nonce"])
+            arts[a["nonce"]] = a["vector_b64"]
+    assert len(nonces) >= processed
+    assert nonces == [4 + 6 * x for x in range(len(nonces))]  # NonceIterator order, no gap, no repeat
+
+    # Re-validation of what was streamed, the way a validator does it (same block hash and public key).
+    sample = dict(list(arts.items())[:8])
+    r = generate(pow_url, list(sample), block_hash="MINING_BLOCK", public_key="02miner",
+                 validation=validation(sample))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert (body["status"], body["n_total"], body["n_mismatch"], body["mismatch_nonces"],
+            body["fraud_detected"]) == ("completed", 8, 0, [], False)
+
+
+def test_dapi_node_numbering_is_accepted(pow_url, receiver):
+    """dapi sends node_id = NodeNum (1-based, only grows) and node_count = its node count: one node is (1, 1).
+
+    The fork computes node_id + g·N + x·(G·N) for any values; refusing node_id >= node_count would stop such a
+    host from mining at all."""
+    identity = node(block_hash="DAPI_BLOCK", block_height=654, node_id=1, node_count=1)
+    before = len(receiver.bodies("generated"))
+    try:
+        r = init(pow_url, **identity, url=receiver.url)
+        assert r.status_code == 200, r.text
+        assert status(pow_url)["config"] == {**identity, "group_id": 0, "n_groups": 1, "seq_len": 32, "k_dim": 12}
+        wait_until(lambda: sum(len(b["artifacts"]) for b in receiver.bodies("generated")[before:]) >= 4,
+                   what="4 artifacts delivered")
+    finally:
+        stop(pow_url)
+    nonces = [a["nonce"] for b in receiver.bodies("generated")[before:] for a in b["artifacts"]]
+    assert nonces == list(range(1, len(nonces) + 1))
+
+
+def test_shared_mode_serves_chat_while_mining_progresses(pow_url, shared):
+    try:
+        assert init(pow_url).status_code == 200
+        wait_until(lambda: status(pow_url)["stats"]["total_processed"] > 0, what="mining progress")
+        wait_until(lambda: metric(shared.base_url, "pocserve_poc_mining") == 1.0, timeout_s=10, what="mining gauge")
+        before = status(pow_url)["stats"]["total_processed"]
+        result = {}
+
+        def run_chat() -> None:
+            result["response"] = httpx.post(
+                f"{shared.base_url}/v1/chat/completions", timeout=120,
+                json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
+                      "ignore_eos": True, "logprobs": True})
+
+        thread = threading.Thread(target=run_chat)
+        thread.start()
+        during = []
+        while thread.is_alive():
+            during.append(status(pow_url)["stats"]["total_processed"])
+            time.sleep(0.1)
+        thread.join()
+        r = result["response"]
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 6
+        assert during and max(during) > before, (before, during)  # mining went on while the chat ran
+        assert status(pow_url)["status"] == "GENERATING"
+    finally:
+        stop(pow_url)
+
+
+def test_queued_validation_delivers_the_exact_validated_callback(pow_url, receiver):
+    nonces = [0, 1, 2, 3]
+    honest = artifacts_of(pow_url, nonces)
+    # dapi escapes the model id twice (§9.2): the path must reach the receiver byte for byte.
+    url = f"{receiver.root}/v2/poc-batches/Qwen%252FQwen3-0.6B"
+    identity = node(block_height=77, node_id=5, node_count=9)  # the validator's own node id, echoed back
+    job_id = queue_job(pow_url, nonces, url=url, validation=validation(honest), **identity)
+    result = poll_job(pow_url, job_id)
+    assert result == {"status": "completed", "request_id": job_id, "n_total": 4, "n_mismatch": 0,
+                      "mismatch_nonces": [], "p_value": 1.0, "fraud_detected": False}
+    path, body = wait_until(lambda: receiver.by_request_id(job_id), what="validated callback")[0]
+    assert path == "/v2/poc-batches/Qwen%252FQwen3-0.6B/validated"
+    assert list(body) == VALIDATED_KEYS
+    assert body == {"request_id": job_id, "block_hash": "TEST_BLOCK", "block_height": 77,
+                    "public_key": "test_pub_keys", "node_id": 5, "n_total": 4, "n_mismatch": 0,
+                    "mismatch_nonces": [], "p_value": 1.0, "fraud_detected": False}
+
+    # Tampered: nonce 0 has a NaN, nonce 1 is flipped (L2 ≈ 2), nonce 3 moved by 0.05 (> the default 0.02),
+    # nonce 2 by 0.005 (within it).
+    with_nan = decode(honest[0]).copy()
+    with_nan[5] = np.nan
+    tampered = {0: encode(with_nan), 1: negated(honest[1]), 2: shifted(honest[2], 0.005),
+                3: shifted(honest[3], 0.05)}
+    job_id = queue_job(pow_url, nonces, url=receiver.url, validation=validation(tampered))
+    result = poll_job(pow_url, job_id)
+    assert (result["status"], result["n_total"], result["n_mismatch"], result["mismatch_nonces"],
+            result["fraud_detected"]) == ("completed", 4, 3, [0, 1, 3], True)
+    assert result["p_value"] == pytest.approx(binomtest(3, 4, 0.001, alternative="greater").pvalue, rel=1e-9)
+    path, body = wait_until(lambda: receiver.by_request_id(job_id), what="validated callback")[0]
+    assert path == f"{CALLBACK_BASE}/validated"
+    assert {k: body[k] for k in VALIDATED_KEYS[5:]} == {k: result[k] for k in VALIDATED_KEYS[5:]}
+
+
+def test_validation_of_malformed_vectors(pow_url):
+    nonces = [0, 1, 2, 3]
+    honest = artifacts_of(pow_url, nonces)
+    received = {0: "", 1: encode(decode(honest[1])[:11]), 2: honest[2], 3: "not base64!"}
+    r = generate(pow_url, nonces, validation=validation(received))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    # Empty: skipped (counted in n_total, never a mismatch); wrong shape and undecodable: mismatches.
+    assert (body["n_total"], body["n_mismatch"], body["mismatch_nonces"]) == (4, 2, [1, 3])
+
+
+def test_stat_test_p_value_threshold_is_the_fraud_threshold(pow_url):
+    nonces = [20, 21, 22, 23]
+    honest = artifacts_of(pow_url, nonces)
+    # Production values (dist 0.4, p_mismatch 0.1): 2 of 4 flipped → p = P[X ≥ 2] ≈ 0.0523.
+    tampered = {**honest, 20: negated(honest[20]), 21: negated(honest[21]), 22: shifted(honest[22], 0.3)}
+    base = {"dist_threshold": 0.4, "p_mismatch": 0.1}
+    outcomes = {}
+    for name, extra in (("default", {}), ("p_value_threshold", {"p_value_threshold": 0.06}),
+                        ("fraud_threshold", {"fraud_threshold": 0.06})):
+        r = generate(pow_url, nonces, validation=validation(tampered), stat_test={**base, **extra})
+        assert r.status_code == 200, r.text
+        outcomes[name] = r.json()
+    for body in outcomes.values():
+        assert (body["n_mismatch"], body["mismatch_nonces"]) == (2, [20, 21])
+        assert body["p_value"] == pytest.approx(binomtest(2, 4, 0.1, alternative="greater").pvalue, rel=1e-9)
+    assert outcomes["default"]["fraud_detected"] is False  # default fraud threshold 0.01
+    assert outcomes["p_value_threshold"]["fraud_detected"] is True  # dapi's name is honoured
+    assert outcomes["fraud_threshold"]["fraud_detected"] is True
+    r = generate(pow_url, nonces, validation=validation(tampered),
+                 stat_test={"p_value_threshold": 0.06, "fraud_threshold": 0.05})
+    assert r.status_code == 400, r.text  # two names for one setting must agree
+
+
+def test_callback_refused_with_500_is_retried_until_delivered(pow_url, shared, receiver):
+    retries_before = metric(shared.base_url, "pocserve_callback_retries_total")
+    receiver.status = 500
+    job_id = queue_job(pow_url, [50, 51], url=receiver.url, block_height=500, params=params(16, k_dim=8))
+    result = poll_job(pow_url, job_id)
+    assert result["status"] == "completed" and [a["nonce"] for a in result["artifacts"]] == [50, 51]
+    assert result["encoding"] == {**ENCODING, "k_dim": 8}  # the job's k_dim, kept with the stored result
+    assert all(decode(a["vector_b64"]).shape == (8,) for a in result["artifacts"])
+    wait_until(lambda: metric(shared.base_url, "pocserve_callback_retries_total") > retries_before,
+               what="a retry counted in /metrics")
+    assert receiver.num_failed >= 1 and not receiver.by_request_id(job_id)
+    receiver.status = 200
+    path, body = wait_until(lambda: receiver.by_request_id(job_id), timeout_s=30, what="redelivery")[0]
+    assert path.endswith("/v2/poc-batches/tiny/generated")
+    assert list(body) == JOB_GENERATED_KEYS
+    assert body == {"request_id": job_id, **echoed(block_height=500), "artifacts": result["artifacts"],
+                    "encoding": {**ENCODING, "k_dim": 8}}
+    wait_until(lambda: metric(shared.base_url, "pocserve_callback_backlog") == 0, what="empty outbox")
+
+
+def test_queue_cap_is_429_and_stop_cancels_queued_jobs(pow_url):
+    try:
+        assert init(pow_url).status_code == 200  # holds the queue: jobs wait while mining
+        first = queue_job(pow_url, [1, 2, 3, 4])
+        second = queue_job(pow_url, [5, 6, 7, 8])
+        r = generate(pow_url, [9], wait=False)
+        assert r.status_code == 429, r.text
+        assert r.json()["error"]["message"] == f"Queue full: {MAX_QUEUED} nonces queued, limit is {MAX_QUEUED}"
+        assert httpx.get(f"{pow_url}/generate/{first}", timeout=10).json()["status"] == "queued"
+    finally:
+        stop(pow_url)
+    # /stop cancels them (kept as "cancelled" until the TTL; the fork erased them) and frees the cap.
+    for job_id in (first, second):
+        assert httpx.get(f"{pow_url}/generate/{job_id}", timeout=10).json() == {"status": "cancelled",
+                                                                              "request_id": job_id}
+    assert poll_job(pow_url, queue_job(pow_url, [1, 2, 3, 4, 5, 6, 7, 8]))["status"] == "completed"
+
+
+def test_queued_jobs_and_undelivered_callbacks_survive_a_backend_kill(model_dir, tmp_path, receiver):
+    server = Server.start(model_dir, tmp_path)
+    pow_url = server.pow
+    try:
+        honest = artifacts_of(pow_url, [30, 31, 32, 33])
+        # A finished job whose callback the receiver keeps refusing: it sits in the outbox, retrying.
+        receiver.status = 500
+        pending_id = queue_job(pow_url, [40], url=receiver.url, block_height=899)
+        pending = poll_job(pow_url, pending_id)
+        wait_until(lambda: receiver.num_failed >= 1, what="a refused callback")
+        assert init(pow_url).status_code == 200  # jobs stay queued while mining
+        compute_id = queue_job(pow_url, [100, 101, 102], url=receiver.url, block_height=900)
+        validate_id = queue_job(pow_url, [30, 31, 32, 33], url=receiver.url, block_height=901,
+                                validation=validation(honest))
+        for job_id in (compute_id, validate_id):
+            assert httpx.get(f"{pow_url}/generate/{job_id}", timeout=10).json()["status"] == "queued"
+
+        server.restart_backend()  # SIGKILL: no shutdown hook runs, nothing is flushed
+        wait_until(lambda: httpx.get(f"{server.base_url}/health", timeout=2).status_code != 200,
+                   timeout_s=10, what="backend seen down")
+        receiver.status = 200
+        wait_healthy(server.base_url, server.frontend, server.backend)
+
+        assert status(pow_url)["status"] == "IDLE"  # the round died with the process; the queue did not
+        assert poll_job(pow_url, pending_id) == pending  # finished results are persisted too
+        computed = poll_job(pow_url, compute_id)
+        validated = poll_job(pow_url, validate_id)
+        assert computed["status"] == "completed" and [a["nonce"] for a in computed["artifacts"]] == [100, 101, 102]
+        assert computed["encoding"] == ENCODING
+        assert (validated["status"], validated["n_total"], validated["n_mismatch"], validated["fraud_detected"]) \
+            == ("completed", 4, 0, False)
+        bodies = {}
+        for job_id in (pending_id, compute_id, validate_id):
+            callbacks = wait_until(lambda j=job_id: receiver.by_request_id(j), what=f"callback of {job_id}")
+            assert len(callbacks) == 1, callbacks
+            bodies[job_id] = callbacks[0]
+        path, body = bodies[pending_id]
+        assert path.endswith("/generated") and body == {"request_id": pending_id, **echoed(block_height=899),
+                                                        "artifacts": pending["artifacts"], "encoding": ENCODING}
+        assert bodies[compute_id][1] == {"request_id": compute_id, **echoed(block_height=900),
+                                         "artifacts": computed["artifacts"], "encoding": ENCODING}
+        path, body = bodies[validate_id]
+        assert path.endswith("/validated") and body["block_height"] == 901 and body["n_mismatch"] == 0
+        # The restarted backend computes the same vectors.
+        assert artifacts_of(pow_url, [30, 31, 32, 33]) == honest
+    finally:
+        receiver.status = 200
+        server.stop()
