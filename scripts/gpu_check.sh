@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the GPU checks on a CUDA machine with the staged vLLM 0.26 bundle (see ../shared/gpu/README.md).
 #   bash scripts/gpu_check.sh tests    # the device-agnostic integration suite + tests/gpu on the CUDA engine
-#   bash scripts/gpu_check.sh bench    # PoC forward (0.6B shape) vs bare, serving vs `vllm serve`, mining rate
+#   bash scripts/gpu_check.sh bench-poc       # PoC forward (0.6B shape) vs bare forward, mining via HTTP vs direct
+#   bash scripts/gpu_check.sh bench-serving   # this stack vs `vllm serve`, same install and model
 # Results go to $OUT (default ./gpu-out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,11 +20,18 @@ case "${1:-tests}" in
       tests/integration/test_grammar_degradation.py tests/integration/test_pow_api.py -s \
       --junitxml "$out/gpu-tests.xml" 2>&1 | tee "$out/gpu-tests.txt" | grep -vE "^(INFO|WARNING|DEBUG)"
     ;;
-  bench)
+  bench-poc)
     python3 -m bench.poc_forward --shape qwen3-0.6b --seq-lens 256 1024 --batches 32 64 --iters 10 \
       --gpu-memory-utilization 0.6 --json "$out/poc_forward.json" 2>&1 | grep -vE "^(INFO|WARNING|DEBUG)" \
       | tee "$out/poc_forward.txt"
-    python3 -m bench.serving --shape qwen3-0.6b --json "$out/serving.json" 2>&1 \
-      | grep -vE "^(INFO|WARNING|DEBUG)" | tail -40 | tee "$out/serving.txt"
+    python3 -m bench.mining --shape qwen3-0.6b --seq-len 1024 --batch-size 32 --seconds 20 --shared \
+      --gpu-memory-utilization 0.5 --json "$out/mining.json" 2>&1 | grep -vE "^(INFO|WARNING|DEBUG)" \
+      | tail -5 | tee "$out/mining.txt"
+    ;;
+  bench-serving)
+    python3 -m bench.serving --shape qwen3-0.6b --model-dir models/qwen3-0.6b --num-requests 512 \
+      --concurrency 64 --max-tokens 128 --max-num-seqs 256 --max-num-batched-tokens 8192 \
+      --gpu-memory-utilization 0.5 --device-note "$(nvidia-smi --query-gpu=name --format=csv,noheader)" \
+      --json "$out/serving.json" 2>&1 | grep -vE "^(INFO|WARNING|DEBUG)" | tail -40 | tee "$out/serving.txt"
     ;;
 esac
