@@ -35,6 +35,8 @@ OPTIONS: tuple[Option, ...] = (
            "default logprobs mode (the network validates with processed)",
            choices=("raw_logprobs", "processed_logprobs")),
     Option("seed", "POCSERVE_SEED", 0, "engine seed", int),
+    Option("enforced_sampling", "POCSERVE_ENFORCED_SAMPLING", True,
+           "install the validator replay hooks (enforced tokens, per-request logprobs mode)", bool),
     Option("json_whitespace", "POCSERVE_JSON_WHITESPACE", True,
            "let structured JSON output contain free whitespace (off: compact JSON)", bool),
     Option("scheduling_mode", "POCSERVE_SCHEDULING_MODE", "exclusive",
@@ -80,6 +82,7 @@ class BackendSettings:
     enforce_eager: bool
     logprobs_mode: str
     seed: int
+    enforced_sampling: bool
     json_whitespace: bool
     scheduling_mode: str
     state_dir: Path

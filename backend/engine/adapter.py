@@ -22,6 +22,7 @@ from backend.engine.poc import PocRunner  # noqa: E402
 from backend.engine.stats import RecorderFactory  # noqa: E402
 from backend.engine.params import Vocab, check_lengths, render_prompt, sampling_params  # noqa: E402
 from sampling import grammar as tolerant_grammars  # noqa: E402
+from sampling.enforced import ENFORCED_KEY, MODE_KEY  # noqa: E402
 from backend.errors import RequestError  # noqa: E402
 from backend.settings import BackendSettings  # noqa: E402
 from protocol.common import Fingerprint  # noqa: E402
@@ -38,6 +39,8 @@ class _Tracked:
     num_prompt_tokens: int
     num_top_logprobs: int
     num_generated: int = 0
+    # vLLM's internal request id, when registered with the workers' enforced-sampling hooks.
+    registered_as: str = ""
 
 
 
@@ -64,7 +67,6 @@ class Engine:
             # The engine always computes processed logprobs; rows asking for raw ones get them from the
             # enforced-sampling wrapper (sampling/enforced.py), so the mode can differ per request.
             logprobs_mode="processed_logprobs", seed=settings.seed,
-            logits_processors=["sampling.enforced:EnforcedTracker"],
             block_size=settings.block_size or None, enable_prefix_caching=True,
             structured_outputs_config=_structured_outputs_config(settings),
             worker_extension_cls="backend.engine.worker_extension.WorkerExtension",
@@ -75,8 +77,9 @@ class Engine:
         self.llm = LLMEngine.from_engine_args(args, usage_context=UsageContext.OPENAI_API_SERVER,
                                               stat_loggers=[factory], enable_multiprocessing=False)
         self.tokenizer = self.llm.get_tokenizer()
-        self.llm.collective_rpc("install_enforced_sampling")
-        tolerant_grammars.install(compat.engine_core(self.llm).structured_output_manager)
+        if settings.enforced_sampling:
+            self.llm.collective_rpc("install_enforced_sampling")
+            tolerant_grammars.install(compat.engine_core(self.llm).structured_output_manager)
         self.vocab = Vocab(self.tokenizer, int(self.llm.model_config.get_vocab_size()))
         self.poc = PocRunner(self.llm, settings.max_num_seqs, settings.max_num_batched_tokens)
         self.max_model_len = int(self.llm.model_config.max_model_len)
@@ -103,8 +106,13 @@ class Engine:
         prompt_ids = render_prompt(self.tokenizer, req)
         max_tokens = check_lengths(len(prompt_ids), req.sampling, self.max_model_len, prompt_param)
         params = sampling_params(req.sampling, max_tokens, req.stream, self.vocab, self.settings.logprobs_mode)
+        if params.extra_args and not self.settings.enforced_sampling:
+            raise RequestError("validator replay (enforced tokens, raw logprobs) is disabled on this backend",
+                               param="enforced_tokens" if "enforced_token_ids" in params.extra_args
+                               else "logprobs_mode")
         try:
-            self.llm.add_request(engine_rid, compat.token_prompt(prompt_ids), params, priority=req.priority)
+            internal_id = self.llm.add_request(engine_rid, compat.token_prompt(prompt_ids), params,
+                                               priority=req.priority)
         except self._input_errors as e:  # vLLM's input checks: logprobs limits, structured-output schema, ...
             param = "response_format" if req.sampling.response_format is not None else None
             raise RequestError(str(e), param=param) from e
@@ -113,11 +121,21 @@ class Engine:
                 raise
             raise RequestError(f"invalid response_format: {e}", param="response_format") from e
         self._tracked[engine_rid] = _Tracked(len(prompt_ids), req.sampling.logprobs or 0)
+        if params.extra_args:
+            # Registered before its first step: the sampler hooks match rows by this id.
+            extra = params.extra_args
+            self.llm.collective_rpc("register_enforced", args=(
+                internal_id, list(extra.get(ENFORCED_KEY, ())), extra.get(MODE_KEY) == "raw_logprobs"))
+            self._tracked[engine_rid].registered_as = internal_id
 
     def abort(self, engine_rids: list[str]) -> None:
         self.llm.abort_request(engine_rids)
-        for rid in engine_rids:
-            self._tracked.pop(rid, None)
+        self._forget([t for rid in engine_rids if (t := self._tracked.pop(rid, None)) is not None])
+
+    def _forget(self, tracked: list["_Tracked"]) -> None:
+        registered = [t.registered_as for t in tracked if t.registered_as]
+        if registered:
+            self.llm.collective_rpc("forget_enforced", args=(registered,))
 
     def load(self) -> tuple[int, int, float]:
         """(running, waiting, kv usage) as of now; engine thread only."""
@@ -139,5 +157,5 @@ class Engine:
             t.num_generated = delta.num_generated_tokens
             deltas.append((rid, delta))
             if out.finished:
-                del self._tracked[rid]
+                self._forget([self._tracked.pop(rid)])
         return deltas
