@@ -264,7 +264,11 @@ def householder_vectors(
     """Unit float32 vectors of layers 0..num_layers-1, stacked [num_layers, H]."""
     if num_layers < 0:
         raise PocInputError("num_layers", f"must be non-negative, got {num_layers}")
-    rows = [householder_vector(block_hash, i, hidden_size, device) for i in range(num_layers)]
-    if not rows:
+    if num_layers == 0:
         return torch.empty(0, hidden_size, dtype=torch.float32, device=device)
-    return torch.stack(rows)
+    if hidden_size <= 0:
+        raise PocInputError("hidden_size", f"must be positive, got {hidden_size}")
+    seeds = [string_seed(householder_seed_string(block_hash, i)) for i in range(num_layers)]
+    # One batched draw (each row depends only on its seed), then a 1-D norm per layer as the reference does.
+    raw = normal(seeds, hidden_size, device)
+    return torch.stack([v / v.norm() for v in raw])

@@ -79,10 +79,15 @@ def haar_rotate_seeded(x: torch.Tensor, seeds_by_step: Sequence[Sequence[int]]) 
     Each step: v = normal(seed, k), v ← v/(‖v‖ + 1e-30), y ← y − 2(y·v)v, all in float32 on x's device.
     """
     k = x.shape[-1]
+    num_steps = len(seeds_by_step)
+    if num_steps == 0:
+        return x
+    # All steps' vectors in one draw (each row depends only on its own seed): [steps, B, k].
+    flat = [seed for step_seeds in seeds_by_step for seed in step_seeds]
+    vs = normal(flat, k, x.device).view(num_steps, -1, k)
+    vs = vs / (vs.norm(dim=-1, keepdim=True) + HAAR_EPS)
     y = x
-    for step_seeds in seeds_by_step:
-        v = normal(step_seeds, k, x.device)
-        v = v / (v.norm(dim=-1, keepdim=True) + HAAR_EPS)
+    for v in vs:
         y = reflect(y, v)
     return y
 

@@ -72,6 +72,15 @@ def _sync(device: torch.device) -> None:
 class PocWorkerExtension:
     """Methods mixed into vLLM's Worker; called through collective_rpc by name."""
 
+    def _householder(self, block_hash: str, num_layers: int, hidden_size: int, device) -> torch.Tensor:
+        """The round's per-layer vectors, cached: they depend only on the block hash (spec §1.7)."""
+        key = (block_hash, num_layers, hidden_size, str(device))
+        cached = getattr(self, "_poc_householder", None)
+        if cached is None or cached[0] != key:
+            cached = (key, householder_vectors(block_hash, num_layers, hidden_size, device))
+            self._poc_householder = cached
+        return cached[1]
+
     def poc_hidden_size(self) -> int:
         return int(self.model_runner.model_config.get_hidden_size())
 
@@ -89,8 +98,7 @@ class PocWorkerExtension:
         dtype = cfg.model_config.dtype
         x = input_embeddings(block_hash, public_key, nonces, seq_len, hidden_size, device, dtype,
                              stronger_rng=stronger_rng)
-        num_layers = len(_decoder_layers(model))
-        vectors = householder_vectors(block_hash, num_layers, hidden_size, device)
+        vectors = self._householder(block_hash, len(_decoder_layers(model)), hidden_size, device)
         with reflection_hooks(model, vectors):
             hidden = forward.prefill_last_hidden(mr, cfg, model, block_ids, x)
         return compute_artifacts(hidden, block_hash, public_key, nonces, k_dim)
