@@ -70,6 +70,9 @@ class Engine:
             block_size=settings.block_size or None, enable_prefix_caching=True,
             structured_outputs_config=_structured_outputs_config(settings),
             worker_extension_cls="backend.engine.worker_extension.WorkerExtension",
+            # The fork runs every model with vLLM's custom ops (spec §1.6): the PoC forward's numerics, and
+            # its eager speed (native ops are ~2x slower there), follow this set on every node.
+            compilation_config={"custom_ops": ["all"]},
         )
         started = time.monotonic()
         factory = RecorderFactory()
