@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 bash .stage/p1/install.sh
+[ -d .stage/extra ] && python3 -m pip install -q --no-index --no-deps --target /tmp/site .stage/extra/*.whl 2>&1 | grep -v "already exists" || true
 export PYTHONPATH=/tmp/site:$PWD
 export VLLM_USE_V2_MODEL_RUNNER=0 VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONHASHSEED=0
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"

@@ -1,0 +1,102 @@
+"""The load generator and its statistics: N streaming chat completions at concurrency C over aiohttp.
+
+TTFT is the time to the first SSE `data:` event. Both servers send their first event (the assistant role
+chunk) only once the engine has produced the first token, so the definition is the same on both sides and
+does not depend on whether the first token decodes to visible text (often not, with the random tiny model).
+Output tokens come from the final usage chunk (`stream_options.include_usage`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+
+import aiohttp
+
+_FILLER = ("Summarise the following notes for a colleague who missed the meeting. The team discussed the "
+           "release schedule, the open bugs in the scheduler, and how the cache behaves under load.")
+
+
+def prompt(i: int) -> str:
+    """Deterministic and distinct per request (a shared prefix would let the prefix cache skip prefill)."""
+    return f"Request {i}: {_FILLER}"
+
+
+@dataclass
+class Result:
+    ok: bool
+    ttft_s: float = 0.0
+    e2e_s: float = 0.0
+    num_output_tokens: int = 0
+    error: str = ""
+
+
+async def _one(session: aiohttp.ClientSession, url: str, model: str, i: int, max_tokens: int) -> Result:
+    body = {"model": model, "messages": [{"role": "user", "content": prompt(i)}], "max_tokens": max_tokens,
+            "temperature": 0.0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    started = time.perf_counter()
+    ttft_s, last = 0.0, b""
+    try:
+        async with session.post(url, json=body) as resp:
+            if resp.status != 200:
+                return Result(ok=False, error=f"HTTP {resp.status}: {(await resp.text())[:200]}")
+            async for line in resp.content:
+                if not line.startswith(b"data:"):
+                    continue
+                if not ttft_s:
+                    ttft_s = time.perf_counter() - started
+                if line.strip() != b"data: [DONE]":
+                    last = line
+        e2e_s = time.perf_counter() - started
+    except aiohttp.ClientError as e:
+        return Result(ok=False, error=repr(e))
+    # Only the last event is parsed: client CPU is shared with the servers on a small machine.
+    final = json.loads(last[len(b"data:"):]) if last else {}
+    if "error" in final or not final.get("usage"):
+        return Result(ok=False, error=f"bad final event: {last[:200]!r}")
+    return Result(ok=True, ttft_s=ttft_s, e2e_s=e2e_s, num_output_tokens=final["usage"]["completion_tokens"])
+
+
+async def run_load(base_url: str, model: str, *, num_requests: int, concurrency: int, max_tokens: int,
+                   first_index: int = 0) -> tuple[list[Result], float]:
+    """Returns each request's result and the wall time of the whole load (first send to last byte)."""
+    url = f"{base_url}/v1/chat/completions"
+    sem = asyncio.Semaphore(concurrency)
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency), timeout=timeout) as s:
+        async def gated(i: int) -> Result:
+            async with sem:
+                return await _one(s, url, model, first_index + i, max_tokens)
+
+        started = time.perf_counter()
+        results = await asyncio.gather(*(gated(i) for i in range(num_requests)))
+        return list(results), time.perf_counter() - started
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default), without numpy."""
+    if not values:
+        return float("nan")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(results: list[Result], duration_s: float) -> dict:
+    ok = [r for r in results if r.ok]
+    ttft_ms = [r.ttft_s * 1e3 for r in ok]
+    e2e_ms = [r.e2e_s * 1e3 for r in ok]
+    # Time per output token after the first, per request (decode speed as one client sees it).
+    tpot_ms = [(r.e2e_s - r.ttft_s) * 1e3 / (r.num_output_tokens - 1) for r in ok if r.num_output_tokens > 1]
+    return {
+        "num_requests": len(results), "num_ok": len(ok), "duration_s": duration_s,
+        "errors": sorted({r.error for r in results if not r.ok})[:5],
+        "req_per_s": len(ok) / duration_s, "output_tok_per_s": sum(r.num_output_tokens for r in ok) / duration_s,
+        "ttft_p50_ms": percentile(ttft_ms, 50), "ttft_p99_ms": percentile(ttft_ms, 99),
+        "e2e_p50_ms": percentile(e2e_ms, 50), "e2e_p99_ms": percentile(e2e_ms, 99),
+        "tpot_p50_ms": percentile(tpot_ms, 50),
+    }

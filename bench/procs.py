@@ -1,0 +1,154 @@
+"""Child processes for the benchmarks: each in its own process group, logged to a file, always killed.
+
+Every child starts a new session, so a Ctrl-C in the terminal reaches only the bench script, whose `finally`
+(SIGTERM too, through `raise_on_signals`) then takes down each whole group: vLLM's API server
+leaves its engine-core child in the same group, and a group kill also catches orphans.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def raise_on_signals() -> None:
+    """SIGTERM and SIGINT raise KeyboardInterrupt, so `finally` blocks stop the children.
+
+    SIGINT is set explicitly: a script started in the background by a non-interactive shell inherits it ignored.
+    """
+    def handler(signum, _frame) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+# The first name of raise_on_signals; bench/mining.py imports it.
+raise_on_sigterm = raise_on_signals
+
+
+class Proc:
+    """`python ARGS` with its own process group and its output in `log_path`."""
+
+    def __init__(self, name: str, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.name, self.args, self.log_path = name, args, log_path
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Proc":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, *self.args], cwd=REPO, env=self.env, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def check_running(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"{self.name} exited {self.proc.returncode}:\n{self.tail()}")
+
+    def tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except FileNotFoundError:
+            return ""
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM to the group, wait for the leader, then SIGKILL whatever is left of the group."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid  # start_new_session: the leader's pid is the group id
+        if self.proc.poll() is None:
+            _killpg(pgid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        _killpg(pgid, signal.SIGKILL)
+        self.proc.wait(10)
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass  # the group is already gone
+
+
+def wait_http_ok(url: str, procs: list[Proc], timeout_s: float) -> float:
+    """Polls `url` until it answers 200; returns the seconds waited. Fails fast if a child dies."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        for p in procs:
+            p.check_running()
+        try:
+            if httpx.get(url, timeout=2.0).status_code == 200:
+                return time.monotonic() - started
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} not ready after {timeout_s} s:\n" + "\n".join(p.tail() for p in procs))
+
+
+def machine_busy_s() -> float:
+    """CPU seconds all cores spent busy since boot (Linux /proc/stat; NaN elsewhere)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]
+    except OSError:
+        return float("nan")
+    user, nice, system, idle, iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def group_cpu_s(pgids: list[int]) -> float:
+    """CPU seconds used so far by the live members of these process groups (Linux /proc; NaN elsewhere)."""
+    total, wanted = 0, set(pgids)
+    try:
+        pids = [d for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return float("nan")
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields[2]) in wanted:  # fields[2] is pgrp; utime and stime follow at 11 and 12
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def stop_all(procs: list[Proc]) -> None:
+    """Stops in reverse start order (frontend before backend); every one even if another fails.
+
+    SIGINT/SIGTERM are ignored meanwhile, so a second Ctrl-C cannot leave children behind.
+    """
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for p in reversed(procs):
+            try:
+                p.stop()
+            except Exception as e:  # keep stopping the rest; the error is shown, not hidden
+                print(f"bench: stopping {p.name} failed: {e!r}", file=sys.stderr)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

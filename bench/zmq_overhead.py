@@ -1,0 +1,249 @@
+"""Microbenchmark: what the frontend + ZMQ hop add to one request, against a trivial engine stand-in.
+
+Three processes besides this one:
+- a fake backend: the real `backend.ipc.SocketServer` and `backend.control.ControlPlane`, plus a thread that
+  answers every GenerateRequest at once with one finishing 1-token DeltasEvent (no vLLM import);
+- the real frontend (`python -m frontend`) connected to it;
+- a bare FastAPI app (same uvicorn settings) with one route returning the same JSON without ZMQ: the baseline.
+The client sends N sequential non-streaming /v1/chat/completions over one kept-alive HTTP connection to each
+(alternating blocks, so drift hits both alike) and reports p50/p90/p99; overhead = ours − bare. A third
+series times the backend hop alone (a DEALER sending GenerateRequest to the fake backend, no HTTP), which
+splits the overhead into backend + ZMQ and the frontend's own share.
+
+    .venv/bin/python -m bench.zmq_overhead [--num-requests 2000] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import platform
+import shlex
+import queue
+import signal
+import sys
+import threading
+import time
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+
+from bench.load import percentile
+from bench.procs import Proc, free_port, raise_on_signals, stop_all, wait_http_ok
+
+MODEL = "bench"
+BODY = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+                   "temperature": 0.0}).encode()
+
+
+def completion(model: str) -> dict:
+    """The JSON both servers answer: our chat route's non-streaming shape for a 1-token completion."""
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": model, "choices": [{"index": 0, "message": {"role": "assistant", "content": "x"},
+                                         "logprobs": None, "finish_reason": "length", "stop_reason": None}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+
+
+def serve_fake_backend(address: str) -> None:
+    import zmq
+
+    from backend.control import ControlPlane
+    from backend.ipc import SocketServer
+    from protocol.common import Fingerprint
+    from protocol.generate import Delta, DeltasEvent, GenerateRequest
+    from protocol.logs import configure_logging
+    from protocol.version import PROTOCOL_VERSION
+
+    configure_logging("console", "warning")
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    inbox: queue.Queue = queue.Queue()
+    control = ControlPlane(instance_id=uuid.uuid4().hex)
+    server = SocketServer(zmq.Context.instance(), address, inbox, control)
+    server.start()
+    control.fingerprint = Fingerprint(
+        protocol_version=PROTOCOL_VERSION, served_model_name=MODEL, model_path="/bench", max_model_len=1024,
+        block_size=16, dtype="bfloat16", vllm_version="none", engine_device="none", poc_code_version="none")
+
+    def answer() -> None:
+        while not stopping.is_set():
+            try:
+                identity, msg = inbox.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if isinstance(msg, GenerateRequest):  # aborts and the rest need no answer here
+                delta = Delta(rid=msg.rid, text="x", token_ids=[1], finish_reason="length", num_prompt_tokens=3,
+                              num_generated_tokens=1)
+                server.send(identity, DeltasEvent(deltas=[delta]))
+
+    worker = threading.Thread(target=answer, name="fake-engine", daemon=True)
+    worker.start()
+    while not stopping.wait(0.5):
+        pass
+    worker.join(1.0)
+    server.stop()
+
+
+def serve_bare(port: int) -> None:
+    import uvicorn
+
+    from protocol.logs import configure_logging
+
+    configure_logging("console", "info")  # as the frontend does (access log at WARNING)
+    app = FastAPI(title="bare")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> dict:
+        body = await request.json()
+        return completion(body["model"])
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {}
+
+    # The same uvicorn call as frontend/__main__.py.
+    uvicorn.run(app, host="127.0.0.1", port=port, log_config=None, timeout_graceful_shutdown=5)
+
+
+def time_block(conn: http.client.HTTPConnection, n: int, out: list[float]) -> None:
+    headers = {"Content-Type": "application/json"}
+    for _ in range(n):
+        started = time.perf_counter()
+        try:
+            conn.request("POST", "/v1/chat/completions", BODY, headers)
+            resp = conn.getresponse()
+        except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+            # uvicorn drops a connection idle for 5 s (long blocks): reconnect, and time the retry instead.
+            conn.close()
+            started = time.perf_counter()
+            conn.request("POST", "/v1/chat/completions", BODY, headers)
+            resp = conn.getresponse()
+        data = resp.read()
+        out.append(time.perf_counter() - started)
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {data[:300]!r}")
+
+
+def zmq_timer(address: str):
+    """Times the backend hop alone: a DEALER sends GenerateRequest and waits for the DeltasEvent (no HTTP)."""
+    import zmq
+
+    from protocol.codec import frontend_codec
+    from protocol.generate import ChatMessage, DeltasEvent, GenerateRequest, SamplingSpec
+
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    codec, rids = frontend_codec(), iter(range(1 << 62))
+    messages = [ChatMessage(role="user", content="hi")]
+
+    def time_zmq_block(n: int, out: list[float]) -> None:
+        for _ in range(n):
+            req = GenerateRequest(rid=f"z-{next(rids)}", sampling=SamplingSpec(max_tokens=1), messages=messages)
+            started = time.perf_counter()
+            sock.send(codec.encode(req))
+            reply = codec.decode(sock.recv())
+            out.append(time.perf_counter() - started)
+            if not isinstance(reply, DeltasEvent):
+                raise RuntimeError(f"unexpected reply {reply!r}")
+
+    return time_zmq_block, sock.close
+
+
+def stats_ms(xs: list[float]) -> dict:
+    ms = [x * 1e3 for x in xs]
+    return {"n": len(ms), "mean_ms": sum(ms) / len(ms), "p50_ms": percentile(ms, 50),
+            "p90_ms": percentile(ms, 90), "p99_ms": percentile(ms, 99)}
+
+
+def run(args: argparse.Namespace) -> dict:
+    log_dir = args.log_dir
+    address = f"ipc://{log_dir}/fake-backend.ipc"
+    ours_port, bare_port = free_port(), free_port()
+    me = ["-m", "bench.zmq_overhead"]
+    procs: list[Proc] = []
+    close_zmq = None
+    try:
+        procs.append(Proc("fake-backend", [*me, "--serve-fake-backend", address], log_dir / "fake-backend.log").start())
+        procs.append(Proc("frontend", ["-m", "frontend", "--backend-address", address, "--port", str(ours_port)],
+                          log_dir / "frontend.log").start())
+        procs.append(Proc("bare", [*me, "--serve-bare", str(bare_port)], log_dir / "bare.log").start())
+        wait_http_ok(f"http://127.0.0.1:{ours_port}/health", procs, 60.0)
+        wait_http_ok(f"http://127.0.0.1:{bare_port}/health", procs, 60.0)
+        conns = {"ours": http.client.HTTPConnection("127.0.0.1", ours_port, timeout=10),
+                 "bare": http.client.HTTPConnection("127.0.0.1", bare_port, timeout=10)}
+        time_zmq_block, close_zmq = zmq_timer(address)
+        timers = {"bare": lambda n, out: time_block(conns["bare"], n, out),
+                  "ours": lambda n, out: time_block(conns["ours"], n, out), "zmq": time_zmq_block}
+        samples: dict[str, list[float]] = {name: [] for name in timers}
+        for timer in timers.values():
+            timer(args.num_warmup, [])
+        done = 0
+        while done < args.num_requests:
+            n = min(args.block, args.num_requests - done)
+            for name, timer in timers.items():
+                timer(n, samples[name])
+            done += n
+        for p in procs:
+            p.check_running()
+        return {name: stats_ms(xs) for name, xs in samples.items()}
+    finally:
+        if close_zmq is not None:
+            close_zmq()
+        stop_all(procs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--num-requests", type=int, default=2000, help="timed requests per server")
+    p.add_argument("--num-warmup", type=int, default=200)
+    p.add_argument("--block", type=int, default=100, help="requests per alternating block")
+    p.add_argument("--log-dir", type=Path, default=None)
+    p.add_argument("--device-note", default="")
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--serve-fake-backend", metavar="ADDRESS", help=argparse.SUPPRESS)
+    p.add_argument("--serve-bare", metavar="PORT", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.serve_fake_backend:
+        serve_fake_backend(args.serve_fake_backend)
+        return 0
+    if args.serve_bare:
+        serve_bare(args.serve_bare)
+        return 0
+    raise_on_signals()
+    args.log_dir = args.log_dir or Path(f"/tmp/pocserve-zmqbench-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        figures = run(args)
+    except KeyboardInterrupt:
+        print("interrupted; child processes stopped", file=sys.stderr)
+        return 130
+    overhead = {k: figures["ours"][k] - figures["bare"][k] for k in ("p50_ms", "p90_ms", "p99_ms", "mean_ms")}
+    print(f"{'':8}{'n':>7}{'mean ms':>10}{'p50 ms':>10}{'p90 ms':>10}{'p99 ms':>10}")
+    for name in ("bare", "ours", "zmq"):
+        f = figures[name]
+        print(f"{name:8}{f['n']:>7}{f['mean_ms']:>10.3f}{f['p50_ms']:>10.3f}{f['p90_ms']:>10.3f}{f['p99_ms']:>10.3f}")
+    print(f"{'ours-bare':8}{'':>7}{overhead['mean_ms']:>10.3f}{overhead['p50_ms']:>10.3f}"
+          f"{overhead['p90_ms']:>10.3f}{overhead['p99_ms']:>10.3f}")
+    print("(zmq: the backend hop alone, GenerateRequest -> DeltasEvent over a DEALER, no HTTP)")
+    verdict = "meets" if overhead["p50_ms"] < 0.5 else "MISSES"
+    print(f"overhead p50 {overhead['p50_ms']:.3f} ms: {verdict} the < 0.5 ms target")
+    if args.json is not None:
+        out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device_note": args.device_note,
+               "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
+                           "python": platform.python_version()},
+               "command": shlex.join(["python", "-m", "bench.zmq_overhead", *(argv or sys.argv[1:])]),
+               "config": {"num_requests": args.num_requests, "num_warmup": args.num_warmup, "block": args.block},
+               "figures": figures, "overhead_ms": overhead}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+        print(f"figures written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
