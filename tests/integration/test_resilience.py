@@ -25,11 +25,16 @@ def _engine_stats(base_url: str) -> dict[str, float]:
 
 
 def _wait_idle(base_url: str, timeout_s: float = 20.0) -> dict[str, float]:
+    """Engine figures once idle; /metrics reflects the backend's last pong (0.5 s period), so an idle
+    reading is confirmed by a second one a full period later before it counts."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         stats = _engine_stats(base_url)
         if stats.get("vllm:num_requests_running") == 0.0:
-            return stats
+            time.sleep(0.6)
+            again = _engine_stats(base_url)
+            if again == stats:
+                return stats
         time.sleep(0.1)
     raise AssertionError(f"engine still busy: {stats}")
 
