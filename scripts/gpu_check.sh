@@ -16,9 +16,10 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.t
 case "${1:-tests}" in
   tests)
     python3 -m pytest -q -p no:cacheprovider -o addopts="" -W ignore::pytest.PytestConfigWarning \
-      tests/gpu tests/integration/test_openai_api.py tests/integration/test_poc_artifacts.py \
+      tests/gpu tests/unit/test_engine_compat.py tests/integration/test_openai_api.py tests/integration/test_poc_artifacts.py \
       tests/integration/test_validation_replay.py tests/integration/test_logprobs_mode.py \
-      tests/integration/test_grammar_degradation.py tests/integration/test_pow_api.py -s \
+      tests/integration/test_grammar_degradation.py tests/integration/test_pow_api.py \
+      tests/integration/test_pow_mining.py -s \
       --junitxml "$out/gpu-tests.xml" 2>&1 | tee "$out/gpu-tests.txt" | grep -vE "^(INFO|WARNING|DEBUG)"
     ;;
   bench-poc)

@@ -25,13 +25,32 @@ ENGINE_ENV_DEFAULTS = {
     "PYTHONHASHSEED": "0",
 }
 
-# (module, attribute) pairs outside vLLM's public API that we rely on.
-PRIVATE_SYMBOLS = (
-    ("vllm.v1.engine.llm_engine", "LLMEngine"),
-    ("vllm.v1.engine.core", "EngineCore"),
-    ("vllm.v1.core.block_pool", "BlockPool"),
-    ("vllm.v1.attention.backend", "CommonAttentionMetadata"),
-    ("vllm.forward_context", "set_forward_context"),
+# Everything outside vLLM's public API that this project touches: (module, name, attributes used on it).
+# tests/unit/test_engine_compat.py checks each one against the installed vLLM (run it on 0.26 and 0.29).
+PRIVATE_SYMBOLS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("vllm.v1.engine.llm_engine", "LLMEngine",
+     ("from_engine_args", "add_request", "abort_request", "step", "has_unfinished_requests", "collective_rpc",
+      "get_tokenizer", "engine_core", "model_config", "vllm_config")),
+    ("vllm.v1.engine.core_client", "InprocClient", ("engine_core",)),
+    ("vllm.v1.engine.core", "EngineCore", ("scheduler", "structured_output_manager")),
+    ("vllm.v1.core.sched.scheduler", "Scheduler", ("running", "waiting", "skipped_waiting", "kv_cache_manager")),
+    ("vllm.v1.core.kv_cache_manager", "KVCacheManager", ("block_pool", "usage")),
+    ("vllm.v1.core.block_pool", "BlockPool",
+     ("get_new_blocks", "free_blocks", "get_num_free_blocks", "num_gpu_blocks")),
+    ("vllm.v1.attention.backend", "CommonAttentionMetadata",
+     ("query_start_loc", "query_start_loc_cpu", "seq_lens", "num_reqs", "num_actual_tokens", "max_query_len",
+      "max_seq_len", "block_table_tensor", "slot_mapping", "causal", "positions", "is_prefilling",
+      "seq_lens_cpu_upper_bound", "_seq_lens_cpu", "_num_computed_tokens_cpu")),
+    ("vllm.forward_context", "set_forward_context", ("slot_mapping", "skip_compiled")),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner",
+     ("get_model", "kv_cache_config", "attn_groups", "_kernel_block_sizes", "input_batch", "sampler")),
+    ("vllm.v1.worker.gpu_input_batch", "InputBatch", ("req_ids", "req_output_token_ids")),
+    ("vllm.v1.sample.sampler", "Sampler", ("forward", "sample")),
+    ("vllm.v1.structured_output", "StructuredOutputManager", ("_create_grammar",)),
+    ("vllm.v1.structured_output.backend_types", "StructuredOutputGrammar",
+     ("accept_tokens", "validate_tokens", "rollback", "fill_bitmask", "is_terminated", "reset")),
+    ("vllm.v1.metrics.loggers", "StatLoggerBase", ("record", "log_engine_initialized")),
+    ("vllm.v1.metrics.stats", "PromptTokenStats", ("computed",)),
 )
 
 
