@@ -42,6 +42,24 @@ async def _first_and_rest(agen: AsyncIterator[Delta]) -> tuple[Delta, AsyncItera
     return first, agen
 
 
+async def _until_done(request: Request, first: Delta, rest: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
+    """Streaming: the request's deltas until the finishing one, ending early if the client goes away.
+
+    Closing `rest` (in every case) aborts the request in the backend when it has not finished. The watcher
+    does not rely on a failed write noticing the disconnect, which can lag behind a closed socket."""
+    gone = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        d = first
+        while True:
+            yield d
+            if d.finish_reason is not None or gone.done():
+                return
+            d = await rest.__anext__()
+    finally:
+        gone.cancel()
+        await rest.aclose()
+
+
 async def _collect(request: Request, gen: GenerateRequest) -> Delta:
     """Non-streaming: gathers all deltas; a client that goes away aborts the request in the backend."""
     client = request.app.state.client
@@ -60,6 +78,11 @@ async def _collect(request: Request, gen: GenerateRequest) -> Delta:
         await asyncio.gather(work, return_exceptions=True)
         raise ApiError(499, "client disconnected")
     return convert.merge(work.result())
+
+
+def _error_event(e: Exception) -> bytes:
+    status = 503 if isinstance(e, BackendUnavailable) else e.info.status
+    return sse.event(error_body(status, str(e)))
 
 
 def _observe_ttft(request: Request, route: str, started: float) -> None:
@@ -104,25 +127,18 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         last = first
         try:
             yield sse.event(chunk({"role": "assistant", "content": ""}))
-            d = first
-            while True:
+            async for d in _until_done(request, first, rest):
                 lp = {"content": fmt.chat_logprobs(d.logprobs)} if d.logprobs is not None else None
                 if d.text or lp or d.finish_reason:
                     yield sse.event(chunk({"content": d.text} if d.text else {}, d.finish_reason, lp))
                 last = d
-                if d.finish_reason is not None:
-                    break
-                d = await rest.__anext__()
             if include_usage:
                 yield sse.event({"id": rid, "object": "chat.completion.chunk", "created": created,
                                  "model": body.model, "choices": [], "usage": convert.usage(last)})
             yield sse.DONE
         except (BackendUnavailable, BackendRequestError) as e:
-            status = 503 if isinstance(e, BackendUnavailable) else e.info.status
-            yield sse.event(error_body(status, str(e)))
+            yield _error_event(e)
             yield sse.DONE
-        finally:
-            await rest.aclose()
 
     return StreamingResponse(stream(), media_type="text/event-stream")
 
@@ -149,24 +165,18 @@ async def completions(body: CompletionRequest, request: Request):
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
     async def stream():
-        d, offset = first, 0
+        offset, last = 0, first
         try:
-            while True:
+            async for d in _until_done(request, first, rest):
                 yield sse.event({"id": rid, "object": "text_completion", "created": created,
                                  "model": body.model, "choices": [choice(d, offset)]})
-                offset += len(d.text)
-                if d.finish_reason is not None:
-                    break
-                d = await rest.__anext__()
+                offset, last = offset + len(d.text), d
             if include_usage:
                 yield sse.event({"id": rid, "object": "text_completion", "created": created,
-                                 "model": body.model, "choices": [], "usage": convert.usage(d)})
+                                 "model": body.model, "choices": [], "usage": convert.usage(last)})
             yield sse.DONE
         except (BackendUnavailable, BackendRequestError) as e:
-            status = 503 if isinstance(e, BackendUnavailable) else e.info.status
-            yield sse.event(error_body(status, str(e)))
+            yield _error_event(e)
             yield sse.DONE
-        finally:
-            await rest.aclose()
 
     return StreamingResponse(stream(), media_type="text/event-stream")
