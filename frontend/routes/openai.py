@@ -61,23 +61,27 @@ async def _until_done(request: Request, first: Delta, rest: AsyncIterator[Delta]
 
 
 async def _collect(request: Request, gen: GenerateRequest) -> Delta:
-    """Non-streaming: gathers all deltas; a client that goes away aborts the request in the backend."""
+    """Non-streaming: gathers all deltas; a client that goes away cancels this handler, which aborts the
+    request in the backend (one watcher task per request, no second task for the work itself)."""
     client = request.app.state.client
+    handler = asyncio.current_task()
 
-    async def run() -> list[Delta]:
-        return [d async for d in client.generate(gen)]
+    def on_gone(watcher: asyncio.Future) -> None:
+        if not watcher.cancelled():
+            handler.cancel()
 
-    work = asyncio.ensure_future(run())
     gone = asyncio.ensure_future(_wait_disconnect(request))
+    gone.add_done_callback(on_gone)
     try:
-        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        deltas = [d async for d in client.generate(gen)]
+    except asyncio.CancelledError:
+        if gone.done() and not gone.cancelled():
+            raise ApiError(499, "client disconnected") from None
+        raise
     finally:
+        gone.remove_done_callback(on_gone)
         gone.cancel()
-    if not work.done():
-        work.cancel()
-        await asyncio.gather(work, return_exceptions=True)
-        raise ApiError(499, "client disconnected")
-    return convert.merge(work.result())
+    return convert.merge(deltas)
 
 
 def _error_event(e: Exception) -> bytes:
@@ -116,8 +120,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         logprobs = {"content": fmt.chat_logprobs(d.logprobs)} if d.logprobs is not None else None
         choice = {"index": 0, "message": {"role": "assistant", "content": d.text}, "logprobs": logprobs,
                   "finish_reason": d.finish_reason, "stop_reason": d.stop_reason}
-        return {"id": rid, "object": "chat.completion", "created": created, "model": body.model,
-                "choices": [choice], "usage": convert.usage(d)}
+        # A ready JSONResponse: the body is plain data, FastAPI's encoder pass would only cost time.
+        return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": body.model,
+                             "choices": [choice], "usage": convert.usage(d)})
 
     first, rest = await _first_and_rest(client.generate(gen))
     _observe_ttft(request, "chat", started)
@@ -157,8 +162,8 @@ async def completions(body: CompletionRequest, request: Request):
 
     if not body.stream:
         d = await _collect(request, gen)
-        return {"id": rid, "object": "text_completion", "created": created, "model": body.model,
-                "choices": [choice(d, 0)], "usage": convert.usage(d)}
+        return JSONResponse({"id": rid, "object": "text_completion", "created": created, "model": body.model,
+                             "choices": [choice(d, 0)], "usage": convert.usage(d)})
 
     first, rest = await _first_and_rest(client.generate(gen))
     _observe_ttft(request, "completions", started)
