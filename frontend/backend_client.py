@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 import msgspec
 import structlog
 import zmq
-import zmq.asyncio
 
 from protocol.codec import frontend_codec
 from protocol.common import BackendStats, ErrorInfo, Fingerprint
@@ -59,8 +58,9 @@ class BackendClient:
         self.stats: BackendStats | None = None
         self.incompatible: str | None = None
         self.num_malformed_replies = 0
-        self._ctx = zmq.asyncio.Context()
-        self._sock: zmq.asyncio.Socket | None = None
+        # A plain socket read from the event loop's reader callback: zmq.asyncio costs a future per message.
+        self._ctx = zmq.Context()
+        self._sock: zmq.Socket | None = None
         self._codec = frontend_codec()
         self._streams: dict[str, asyncio.Queue] = {}
         self._pings: dict[int, asyncio.Future] = {}
@@ -88,8 +88,9 @@ class BackendClient:
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
         sock.connect(self.address)
         self._sock = sock
-        self._tasks = [asyncio.create_task(self._reader(), name="backend-reader"),
-                       asyncio.create_task(self._pinger(), name="backend-pinger")]
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(sock.getsockopt(zmq.FD), self._drain)
+        self._tasks = [asyncio.create_task(self._pinger(), name="backend-pinger")]
 
     async def close(self) -> None:
         for t in self._tasks:
@@ -97,6 +98,7 @@ class BackendClient:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._fail_all("frontend shutting down")
         if self._sock is not None:
+            self._loop.remove_reader(self._sock.getsockopt(zmq.FD))
             self._sock.close(linger=0)
         self._ctx.term()
 
@@ -188,9 +190,11 @@ class BackendClient:
 
     async def _send(self, msg: msgspec.Struct) -> None:
         try:
-            await self._sock.send(self._codec.encode(msg), flags=zmq.NOBLOCK)
+            self._sock.send(self._codec.encode(msg), flags=zmq.NOBLOCK)
         except zmq.Again as e:  # IMMEDIATE: no connected backend
             raise BackendUnavailable("backend not connected") from e
+        # zmq's FD is edge-triggered and a send can consume the edge of a reply that already arrived.
+        self._loop.call_soon(self._drain)
 
     # --- background tasks ---
 
@@ -245,9 +249,13 @@ class BackendClient:
             if not fut.done():
                 fut.set_exception(BackendUnavailable(reason))
 
-    async def _reader(self) -> None:
-        while True:
-            frame = await self._sock.recv()
+    def _drain(self) -> None:
+        """Reader callback: handles every reply that is ready (the FD only signals edges)."""
+        sock = self._sock
+        if sock is None or sock.closed:
+            return
+        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            frame = sock.recv(zmq.NOBLOCK)
             try:
                 msg = self._codec.decode(frame)
             except msgspec.DecodeError as e:
