@@ -19,6 +19,7 @@ import zmq
 from backend.control import ControlPlane
 from backend.ipc import BROADCAST, SocketServer
 from backend.settings import BackendSettings, load_settings
+from backend.store import StoreError
 from backend.wiring import open_store
 from protocol.config import SettingsError
 from protocol.control import DeadEvent
@@ -36,7 +37,11 @@ def serve(settings: BackendSettings) -> int:
     if settings.generate_model != "none":
         from backend.modelgen import ensure_model
         ensure_model(settings.model, settings.generate_model)
-    store = open_store(settings.state_dir)  # a locked or corrupt file fails here, before the engine loads
+    try:
+        store = open_store(settings.state_dir)  # a locked or corrupt file fails here, before the engine loads
+    except StoreError as e:
+        log.error("state_store_unusable", error=str(e))
+        return 2
     ctx = zmq.Context.instance()
     inbox: queue.Queue = queue.Queue()
     control = ControlPlane(instance_id=uuid.uuid4().hex)

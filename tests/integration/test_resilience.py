@@ -148,3 +148,12 @@ def test_engine_failure_sends_dead_sentinel_and_exits_nonzero(model_dir, tmp_pat
     finally:
         frontend.stop()
         backend.stop()
+
+
+def test_corrupt_state_file_is_a_clear_error_at_start(model_dir, tmp_path):
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "pocserve.db").write_bytes(b"this is not an sqlite database" * 10)
+    backend = Proc(backend_args(model_dir, f"ipc://{tmp_path}/b.ipc", "--state-dir", str(tmp_path / "state")),
+                   tmp_path / "backend.log").start()
+    assert backend.proc.wait(60) == 2  # before the engine loads: no ~20 s wait
+    assert "corrupt or not an SQLite database" in backend.tail()
