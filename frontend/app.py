@@ -9,7 +9,7 @@ from fastapi import FastAPI
 
 from frontend.backend_client import BackendClient
 from frontend.convert import TokenFormat
-from frontend.errors import install_error_handlers
+from frontend.errors import error_response, install_error_handlers
 from frontend.metrics import FrontendMetrics
 from frontend.routes import health, openai
 from frontend.routes.pow import make_pow_router
@@ -46,6 +46,52 @@ class RequestMetricsMiddleware:
                 metrics.backend_unavailable.inc()
 
 
+class BodyLimitMiddleware:
+    """Refuses request bodies over `max_bytes` with 413, by Content-Length or while streaming in."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or ()).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            await self._refuse(scope, receive, send)
+            return
+        if length is not None:
+            await self.app(scope, receive, send)
+            return
+        # No Content-Length (chunked): read the body up to the limit, then hand it to the app in one piece.
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away while sending
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                await self._refuse(scope, receive, send)
+                return
+            more = message.get("more_body", False)
+        body, replayed = b"".join(chunks), False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope, receive, send) -> None:
+        message = f"request body larger than {self.max_bytes} bytes"
+        await error_response(413, message, type="RequestEntityTooLarge")(scope, receive, send)
+
+
 def create_app(settings: FrontendSettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -68,5 +114,6 @@ def create_app(settings: FrontendSettings) -> FastAPI:
     app.include_router(health.router)
     app.include_router(make_pow_router(settings))
 
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetricsMiddleware)
     return app

@@ -31,6 +31,8 @@ OPTIONS: tuple[Option, ...] = (
            "how long a /api/v1/pow/generate wait=true request may take before 503", float),
     Option("batch_size_default", "POC_BATCH_SIZE_DEFAULT", 32,
            "PoC batch_size when a /api/v1/pow request omits it (the fork's variable)", int),
+    Option("max_body_bytes", "POCSERVE_MAX_BODY_BYTES", 32 * 1024 * 1024,
+           "largest HTTP request body accepted (larger: 413)", int),
     Option("log_format", "POCSERVE_LOG_FORMAT", "console", "log output", choices=("console", "json")),
     Option("log_level", "POCSERVE_LOG_LEVEL", "info", "log level",
            choices=("debug", "info", "warning", "error")),
@@ -52,6 +54,7 @@ class FrontendSettings:
     pow_api_token: str = field(repr=False)
     pow_wait_timeout_s: float
     batch_size_default: int
+    max_body_bytes: int
     log_format: str
     log_level: str
 
@@ -64,6 +67,8 @@ def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] 
     for name in ("ping_interval_s", "backend_timeout_s", "backend_wait_s", "pow_wait_timeout_s"):
         if getattr(s, name) <= 0:
             raise SettingsError(f"--{name.replace('_', '-')} must be positive")
+    if s.max_body_bytes < 1024:
+        raise SettingsError("--max-body-bytes must be at least 1024")
     if s.breaker_misses < 1:
         raise SettingsError("--breaker-misses must be at least 1")
     if s.batch_size_default < 1:

@@ -393,3 +393,18 @@ async def test_pow_token_does_not_guard_other_routes(guarded):
     http, _ = guarded
     assert (await http.get("/health")).status_code == 200
 
+
+
+async def test_frontend_body_over_the_limit_is_413():
+    app, _fake = make_app({"POCSERVE_MAX_BODY_BYTES": "2048"})
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+        big = {"model": "m", "messages": [{"role": "user", "content": "x" * 5000}]}
+        r = await client.post("/v1/chat/completions", json=big)
+        assert r.status_code == 413
+        assert r.json()["error"]["code"] == 413
+
+        async def chunks():  # no Content-Length: the limit applies while the body streams in
+            for _ in range(5):
+                yield b"x" * 1000
+        r = await client.post("/v1/chat/completions", content=chunks(), headers={"content-type": "application/json"})
+        assert r.status_code == 413
