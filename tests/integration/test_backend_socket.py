@@ -157,7 +157,7 @@ def test_backend_socket_rejects_bad_frames_and_keeps_serving(harness):
     _expect_error_replies(h, len(multi))
     num_sent += len(multi)
 
-    mutated = _mutated_frames(2000)
+    mutated = _mutated_frames(10_000)  # the reliability issue asks for a bounded run of at least 10,000 frames
     for frame in mutated:
         h.send(frame)
     _expect_error_replies(h, len(mutated))
