@@ -36,7 +36,6 @@ class ArtifactQueue:
         self._runner = runner
         self._tasks: deque[ArtifactTask] = deque()
         self.is_blocked = False
-        self.num_batches = 0
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -72,7 +71,6 @@ class ArtifactQueue:
             task.done([], ErrorInfo(status=500, message=f"PoC forward failed: {e}", type="InternalServerError"))
             return
         self.is_blocked = False
-        self.num_batches += 1
         task.artifacts.extend(Artifact(nonce=n, vector_b64=v) for n, v in artifacts)
         del task.remaining[:num_run]
         if not task.remaining:

@@ -62,10 +62,6 @@ class SocketServer:
             threading.Thread(target=self._encode_loop, name="zmq-encode", daemon=True),
         ]
 
-    @property
-    def num_peers(self) -> int:
-        return len(self._peers)
-
     def start(self) -> None:
         self._threads[0].start()
         self._ready.wait()

@@ -34,7 +34,7 @@ class BackendLoop:
     """Owns the request → frontend routing table; engine, server and inbox are passed in."""
 
     def __init__(self, engine, server: SocketServer, inbox: queue.Queue, control: ControlPlane, *,
-                 artifacts: ArtifactQueue | None = None, poc_batches_per_step: int = 1) -> None:
+                 poc_batches_per_step: int = 1) -> None:
         self.engine = engine
         self.server = server
         self.inbox = inbox
@@ -46,7 +46,7 @@ class BackendLoop:
         self.num_aborted = 0
         self.num_handler_errors = 0
         self._published_at = 0.0
-        self.artifacts = artifacts if artifacts is not None else ArtifactQueue(engine.poc)
+        self.artifacts = ArtifactQueue(engine.poc)
         self.poc_batches_per_step = poc_batches_per_step
         self.num_poc_since_step = 0
         self._pruned_at = time.monotonic()

@@ -31,7 +31,7 @@ def job_result(msg: PowGenerateRequest, artifacts: list[Artifact],
         return None, error
     k_dim = msg.params.k_dim
     if msg.validation is None:
-        return {"artifacts": [_plain(a) for a in artifacts], "encoding": {**ENCODING, "k_dim": k_dim}}, None
+        return {"artifacts": [artifact_dict(a) for a in artifacts], "encoding": {**ENCODING, "k_dim": k_dim}}, None
     missing = set(msg.nonces) - {a.nonce for a in artifacts}
     if missing:
         return None, ErrorInfo(status=503, type="Service Unavailable",
@@ -44,7 +44,7 @@ def job_result(msg: PowGenerateRequest, artifacts: list[Artifact],
     return dict(outcome), None
 
 
-def _plain(a: Artifact) -> dict:
+def artifact_dict(a: Artifact) -> dict:
     return {"nonce": a.nonce, "vector_b64": a.vector_b64}
 
 

@@ -20,7 +20,8 @@ from backend.engine.poc import ArtifactJob
 from backend.errors import POC_GATE_MESSAGE
 from backend.jobs import GenerateQueue, Job, QueueFull
 from backend.pow_results import (
-    generated_payload, job_message, job_request, job_result, job_view, job_view_queued, validated_payload,
+    artifact_dict, generated_payload, job_message, job_request, job_result, job_view, job_view_queued,
+    validated_payload,
     view_from_result,
 )
 from poc.errors import PocInputError
@@ -242,7 +243,7 @@ class PowService:
             if s.url and artifacts:
                 meta = {"public_key": s.public_key, "block_hash": s.block_hash, "block_height": s.block_height,
                         "node_id": s.node_id}
-                self.callbacks.add_generated(s.url, meta, [_artifact_dict(a) for a in artifacts],
+                self.callbacks.add_generated(s.url, meta, [artifact_dict(a) for a in artifacts],
                                              {**ENCODING, "k_dim": s.k_dim})
 
         job = ArtifactJob(s.block_hash, s.public_key, tuple(nonces), s.seq_len, s.k_dim, s.stronger_rng)
@@ -283,10 +284,6 @@ class _Refused(Exception):
 
 def _param_path(field: str) -> str:
     return f"params.{field}" if field in ("seq_len", "k_dim") else field
-
-
-def _artifact_dict(a: Artifact) -> dict:
-    return {"nonce": a.nonce, "vector_b64": a.vector_b64}
 
 
 def _artifact_job(msg: PowGenerateRequest, nonces) -> ArtifactJob:

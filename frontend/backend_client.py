@@ -22,7 +22,7 @@ from protocol.control import DeadEvent, ErrorReply, HelloRequest, PingRequest, P
 from protocol.generate import (
     AbortRequest, Delta, DeltasEvent, GenerateErrorReply, GenerateRequest,
 )
-from protocol.poc import PocArtifactsReply, PocArtifactsRequest
+from protocol.poc import PocArtifactsReply
 from protocol.pow import PowJobReply, PowStatusReply
 from protocol.version import PROTOCOL_VERSION
 
@@ -39,10 +39,6 @@ class BackendRequestError(Exception):
     def __init__(self, info: ErrorInfo) -> None:
         super().__init__(info.message)
         self.info = info
-
-
-class IncompatibleBackend(RuntimeError):
-    """The backend refused our protocol version: the frontend must not serve."""
 
 
 class BackendClient:
@@ -156,12 +152,6 @@ class BackendClient:
             raise BackendUnavailable(f"no answer within {timeout_s} s") from e
         finally:
             self._calls.pop(req.rid, None)
-
-    async def poc_artifacts(self, req: PocArtifactsRequest, timeout_s: float | None = None) -> PocArtifactsReply:
-        reply: PocArtifactsReply = await self.call(req, timeout_s)
-        if reply.error is not None:
-            raise BackendRequestError(reply.error)
-        return reply
 
     async def ping(self, timeout_s: float | None = None) -> BackendStats:
         """Round trip to the backend; raises BackendUnavailable on timeout."""
