@@ -45,6 +45,69 @@ def _bare(worker, block_ids: list[int], num_seqs: int, seq_len: int, iters: int)
     return (time.perf_counter() - started) / iters
 
 
+def _parts(worker, block_ids: list[int], num_seqs: int, seq_len: int, iters: int) -> dict[str, float]:
+    """Milliseconds per batch of each PoC stage, timed alone in the worker: where the PoC overhead goes."""
+    import torch
+
+    from poc.artifacts import compute_artifacts
+    from poc.forward import prefill_last_hidden
+    from poc.rng import input_embeddings
+    from poc.worker import _decoder_layers, reflection_hooks
+    mr, cfg = worker.model_runner, worker.vllm_config
+    device = torch.device(worker.device) if not isinstance(worker.device, torch.device) else worker.device
+    model, hidden = mr.get_model(), cfg.model_config.get_hidden_size()
+    nonces = list(range(num_seqs))
+    vectors = worker._householder("BENCH_BLOCK", len(_decoder_layers(model)), hidden, device)
+
+    def rng():
+        return input_embeddings("BENCH_BLOCK", "bench_key", nonces, seq_len, hidden, device, cfg.model_config.dtype)
+
+    x = rng()
+
+    def hooked():
+        with reflection_hooks(model, vectors):
+            return prefill_last_hidden(mr, cfg, model, block_ids, x)
+
+    last = hooked()
+    stages = {"inputs": rng, "forward": lambda: prefill_last_hidden(mr, cfg, model, block_ids, x),
+              "forward+reflections": hooked,
+              "artifacts": lambda: compute_artifacts(last, "BENCH_BLOCK", "bench_key", nonces, 12)}
+    out = {}
+    with torch.inference_mode():
+        for name, fn in stages.items():
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            started = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            out[name] = (time.perf_counter() - started) / iters * 1e3
+    return out
+
+
+def _describe(worker) -> dict:
+    """What the worker runs: attention backends, dtype, compilation mode (explains MFU differences)."""
+    mr, cfg = worker.model_runner, worker.vllm_config
+    backends = sorted({type(g.backend).__name__ if not isinstance(g.backend, type) else g.backend.__name__
+                       for groups in mr.attn_groups for g in groups})
+    comp = cfg.compilation_config
+    return {"attention": backends, "dtype": str(cfg.model_config.dtype),
+            "custom_ops": list(comp.custom_ops), "mode": str(getattr(comp, "mode", getattr(comp, "level", "")))}
+
+
+def _profile_table(fn, rows: int = 30) -> str:
+    """Device-time table of fn() under torch.profiler (the executor is in-process, so kernels are seen)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        fn()
+    key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=rows)
+
+
 def _peak_tflops(worker) -> float:
     import torch
     device = torch.device(worker.device) if not isinstance(worker.device, torch.device) else worker.device
@@ -73,6 +136,19 @@ def flops_per_seq(cfg, seq_len: int) -> float:
     return layers * (2 * linear * seq_len + attention)
 
 
+def _write_profiles(out: Path, llm, runner, pool, job: ArtifactJob, seq_len: int, batch: int) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    nonces = list(range(batch))
+    poc = _profile_table(lambda: [runner.run(job, nonces) for _ in range(3)])
+    blocks = pool.get_new_blocks(batch * runner.blocks_per_seq(seq_len))
+    try:
+        ids = [b.block_id for b in blocks]
+        bare = _profile_table(lambda: llm.collective_rpc(_bare, args=(ids, batch, seq_len, 3)))
+    finally:
+        pool.free_blocks(blocks)
+    (out / f"profile_L{seq_len}_B{batch}.txt").write_text(f"=== PoC x3\n{poc}\n\n=== bare x3 (+1 warm-up)\n{bare}\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="tiny", choices=("tiny", "qwen3-0.6b"))
@@ -82,6 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     p.add_argument("--json", default="")
+    p.add_argument("--parts", action="store_true", help="also time each PoC stage alone")
+    p.add_argument("--profile", default="", help="directory for torch.profiler tables of PoC and bare")
     args = p.parse_args(argv)
 
     from backend.engine.adapter import Engine
@@ -98,6 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     llm, runner = engine.llm, engine.poc
     hf_cfg = llm.model_config.hf_config
     peak = llm.collective_rpc(_peak_tflops)[0]
+    print("worker:", llm.collective_rpc(_describe)[0], flush=True)
     pool = compat.block_pool(llm)
     rows = []
     for seq_len in args.seq_lens:
@@ -111,15 +190,21 @@ def main(argv: list[str] | None = None) -> None:
                 assert n == batch
             poc_s = (time.perf_counter() - started) / args.iters
             blocks = pool.get_new_blocks(batch * runner.blocks_per_seq(seq_len))
+            ids = [b.block_id for b in blocks]
             try:
-                bare_s = llm.collective_rpc(_bare, args=([b.block_id for b in blocks], batch, seq_len,
-                                                         args.iters))[0]
+                bare_s = llm.collective_rpc(_bare, args=(ids, batch, seq_len, args.iters))[0]
+                parts = llm.collective_rpc(_parts, args=(ids, batch, seq_len, args.iters))[0] if args.parts else None
             finally:
                 pool.free_blocks(blocks)
+            if args.profile:
+                _write_profiles(Path(args.profile), llm, runner, pool, job, seq_len, batch)
             flops = flops_per_seq(hf_cfg, seq_len) * batch
             row = {"seq_len": seq_len, "batch": batch, "poc_nonces_per_s": batch / poc_s,
                    "bare_nonces_per_s": batch / bare_s, "ratio": bare_s / poc_s,
                    "poc_mfu": flops / poc_s / 1e12 / peak, "bare_mfu": flops / bare_s / 1e12 / peak}
+            if parts:
+                row["parts_ms"] = parts
+                print("   stage ms per batch: " + "  ".join(f"{k} {v:.2f}" for k, v in parts.items()), flush=True)
             rows.append(row)
             print(f"L={seq_len:5d} B={batch:3d}  PoC {row['poc_nonces_per_s']:9.1f} nonces/s "
                   f"(MFU {row['poc_mfu']:.3f})  bare {row['bare_nonces_per_s']:9.1f} nonces/s "

@@ -6,9 +6,27 @@ _build_attention_metadata), with positions 0..L-1 for every sequence and no prev
 
 from __future__ import annotations
 
+from contextlib import ExitStack, contextmanager
+
 import torch
+from vllm import ir
 from vllm.forward_context import set_forward_context
 from vllm.v1.attention.backend import CommonAttentionMetadata
+
+
+# vLLM dispatches RMSNorm through IR ops whose default priority is "native" when the engine compiles with
+# inductor, so an eager forward (skip_compiled) would run the unfused PyTorch norm: on an H100 that was about
+# half of the whole PoC forward. The fork ran its norms with vLLM's CUDA kernels (custom_ops "all", spec
+# §1.6), so the PoC forward asks for them; where they do not exist (the CPU build) dispatch falls back to native.
+EAGER_NORM_PRIORITY = ["vllm_c", "native"]
+
+
+@contextmanager
+def eager_norm_kernels():
+    with ExitStack() as stack:
+        for op in (ir.ops.rms_norm, ir.ops.fused_add_rms_norm):
+            stack.enter_context(op.set_priority(EAGER_NORM_PRIORITY))
+        yield
 
 
 def _kernel_block_size(mr, group_id: int) -> int:
@@ -51,6 +69,6 @@ def prefill_last_hidden(mr, cfg, model, block_ids: list[int], x: torch.Tensor) -
     positions = pos.repeat(num_seqs).to(device)
     embeds = x.reshape(num_seqs * seq_len, hidden_size)
     with set_forward_context(attn_metadata, cfg, num_tokens=num_seqs * seq_len, slot_mapping=slot_mappings,
-                             skip_compiled=True):
+                             skip_compiled=True), eager_norm_kernels():
         hidden = model(input_ids=None, positions=positions, intermediate_tensors=None, inputs_embeds=embeds)
     return hidden.view(num_seqs, seq_len, hidden_size)[:, -1].float()

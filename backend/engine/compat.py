@@ -42,6 +42,8 @@ PRIVATE_SYMBOLS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
       "max_seq_len", "block_table_tensor", "slot_mapping", "causal", "positions", "is_prefilling",
       "seq_lens_cpu_upper_bound", "_seq_lens_cpu", "_num_computed_tokens_cpu")),
     ("vllm.forward_context", "set_forward_context", ("slot_mapping", "skip_compiled")),
+    ("vllm.ir.ops", "rms_norm", ("set_priority",)),
+    ("vllm.ir.ops", "fused_add_rms_norm", ("set_priority",)),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner",
      ("get_model", "kv_cache_config", "attn_groups", "_kernel_block_sizes", "input_batch", "sampler")),
     ("vllm.v1.worker.gpu_input_batch", "InputBatch", ("req_ids", "req_output_token_ids")),
