@@ -17,6 +17,7 @@ import structlog
 import zmq
 
 from backend.control import ControlPlane
+from backend.curve import CurveGate
 from backend.ipc import BROADCAST, SocketServer
 from backend.settings import BackendSettings, load_settings
 from backend.store import StoreError
@@ -46,7 +47,9 @@ def serve(settings: BackendSettings) -> int:
     inbox: queue.Queue = queue.Queue()
     control = ControlPlane(instance_id=uuid.uuid4().hex)
     _prepare_address(settings.address)
-    server = SocketServer(ctx, settings.address, inbox, control)
+    gate = (CurveGate(settings.curve_server_secret_key_file, settings.curve_clients_dir)
+            if settings.curve_server_secret_key_file is not None else None)
+    server = SocketServer(ctx, settings.address, inbox, control, gate=gate)
     server.start()
 
     from backend.engine.adapter import Engine  # imports vLLM: after the socket is up, so probes see us early

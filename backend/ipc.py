@@ -5,6 +5,7 @@ Threads and ownership (a zmq socket is used by exactly one thread):
   `(identity, msg)` on the inbox; it forwards encoded replies from the PULL to the ROUTER.
 - encode thread: owns the inproc PUSH. It takes `(identity, msg)` from the outbox, encodes, pushes.
 The engine thread therefore never touches a socket and never encodes.
+With CURVE on, the io thread also runs the ROUTER's CurveGate (ZAP handler and handshake monitor, backend/curve.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import zmq
 
 from protocol.codec import backend_codec
 from backend.control import ControlPlane
+from backend.curve import CurveGate
 from protocol.common import ErrorInfo
 from protocol.control import ErrorReply, HelloRequest, PingRequest
 
@@ -38,18 +40,27 @@ def make_socket(ctx: zmq.Context, kind: int, *, linger_ms: int = 0) -> zmq.Socke
     return sock
 
 
+def is_exposed(address: str) -> bool:
+    """True for a tcp:// address other hosts may reach (anything but loopback)."""
+    if not address.startswith("tcp://"):
+        return False
+    host = address.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
+    return not (host == "localhost" or host == "::1" or host.startswith("127."))
+
+
 class SocketServer:
     """Owns the ROUTER socket; feeds `inbox` with decoded messages and drains `outbox` to peers."""
 
     def __init__(
         self, ctx: zmq.Context, address: str, inbox: queue.Queue, control: ControlPlane, *,
-        configure: Callable[[zmq.Socket], None] | None = None,
+        configure: Callable[[zmq.Socket], None] | None = None, gate: CurveGate | None = None,
     ) -> None:
         self._ctx = ctx
         self.control = control
         self._address = address
         self._inbox = inbox
         self._configure = configure
+        self._gate = gate
         self.outbox: queue.Queue = queue.Queue()
         self._pipe_addr = f"inproc://pocserve-out-{id(self):x}"
         self._stop = threading.Event()
@@ -99,6 +110,8 @@ class SocketServer:
             router.setsockopt(zmq.ROUTER_HANDOVER, 1)
             if self._configure is not None:
                 self._configure(router)
+            # Before the bind: no peer may reach the ROUTER before its ZAP handler exists.
+            gate_sockets = self._gate.open(self._ctx, router) if self._gate is not None else []
             router.bind(self._address)
             pull = make_socket(self._ctx, zmq.PULL)
             pull.bind(self._pipe_addr)
@@ -107,10 +120,14 @@ class SocketServer:
             self._ready.set()
             return
         self._ready.set()
-        log.info("backend_socket_bound", address=self._address)
+        log.info("backend_socket_bound", address=self._address, curve=self._gate is not None,
+                 num_client_keys=self._gate.num_client_keys if self._gate is not None else 0)
+        if self._gate is None and is_exposed(self._address):
+            log.warning("backend_socket_plaintext", address=self._address,
+                        hint="whoever reaches this address can drive the backend; see CURVE in the README")
         poller = zmq.Poller()
-        poller.register(router, zmq.POLLIN)
-        poller.register(pull, zmq.POLLIN)
+        for sock in (router, pull, *gate_sockets):
+            poller.register(sock, zmq.POLLIN)
         try:
             while not self._stop.is_set():
                 events = dict(poller.poll(_POLL_MS))
@@ -119,12 +136,16 @@ class SocketServer:
                 if pull in events:
                     identity, payload = pull.recv_multipart(copy=False)
                     self._deliver(router, identity.bytes, payload)
+                if self._gate is not None:
+                    self._gate.on_events(events)
             while pull.poll(0):  # flush replies queued before stop
                 identity, payload = pull.recv_multipart(copy=False)
                 self._deliver(router, identity.bytes, payload)
         finally:
             router.close()
             pull.close()
+            if self._gate is not None:
+                self._gate.close()
 
     def _deliver(self, router: zmq.Socket, identity: bytes, payload) -> None:
         targets = list(self._peers) if identity == BROADCAST else [identity]

@@ -3,6 +3,9 @@
     python -m backend.probe --address ipc:///tmp/pocserve/backend.ipc           # one report
     python -m backend.probe --watch --interval-s 2                                # refresh
     python -m backend.probe --once --timeout-s 3                                  # healthcheck: exit 0/1
+
+Against a CURVE backend give it a key pair the backend authorises, with the frontend's flags or variables
+(--curve-client-secret-key-file, --curve-server-public-key-file).
 """
 
 from __future__ import annotations
@@ -18,15 +21,27 @@ import zmq
 from backend.settings import DEFAULT_ADDRESS
 from protocol.codec import frontend_codec
 from protocol.common import BackendStats, Fingerprint
+from protocol.config import Option, SettingsError
 from protocol.control import HelloRequest, PingRequest, PongReply, ReadyReply
+from protocol.curve import KeyFile, load_public_key_file, load_secret_key_file
 from protocol.version import PROTOCOL_VERSION
+
+# The frontend's CURVE settings (same flags and variables): the probe connects like a frontend.
+_CURVE_KEYS = Option("curve_client_secret_key_file", "POCSERVE_CURVE_CLIENT_SECRET_KEY_FILE", "",
+                     "CURVE: the probe's secret key file (NAME.key_secret), authorised by the backend")
+_CURVE_SERVER = Option("curve_server_public_key_file", "POCSERVE_CURVE_SERVER_PUBLIC_KEY_FILE", "",
+                       "CURVE: the backend's public key file (NAME.key)")
 
 
 class Probe:
-    def __init__(self, address: str, timeout_s: float) -> None:
+    def __init__(self, address: str, timeout_s: float, curve: tuple[KeyFile, KeyFile] | None = None) -> None:
         self.codec = frontend_codec()
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            keys, server_key = curve
+            self.sock.curve_secretkey, self.sock.curve_publickey = keys.secret_key, keys.public_key
+            self.sock.curve_serverkey = server_key.public_key
         self.sock.connect(address)
         self.timeout_ms = int(timeout_s * 1000)
         self.next_id = 1
@@ -87,8 +102,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--watch", action="store_true", help="refresh until interrupted")
     p.add_argument("--interval-s", type=float, default=2.0)
     p.add_argument("--once", action="store_true", help="healthcheck: print one line, exit 0 if ready")
+    for opt in (_CURVE_KEYS, _CURVE_SERVER):
+        p.add_argument(opt.flag, default=os.environ.get(opt.env, ""), help=f"{opt.help} (env {opt.env})")
     args = p.parse_args(argv)
-    probe = Probe(args.address, args.timeout_s)
+    try:
+        keys = load_secret_key_file(_CURVE_KEYS, args.curve_client_secret_key_file)
+        server_key = load_public_key_file(_CURVE_SERVER, args.curve_server_public_key_file)
+    except SettingsError as e:
+        p.error(str(e))
+    if (keys is None) != (server_key is None):
+        p.error(f"{_CURVE_KEYS.flag} and {_CURVE_SERVER.flag} must be set together")
+    probe = Probe(args.address, args.timeout_s, (keys, server_key) if keys is not None else None)
     if args.once:
         stats, rtt = probe.ping()
         ok = stats is not None and stats.is_engine_ready

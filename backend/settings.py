@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from protocol.config import Option, SettingsError, parse_options
+from protocol.curve import KeyFile, PublicKeys, load_public_keys, load_secret_key_file
 
 DEFAULT_ADDRESS = "ipc:///tmp/pocserve/backend.ipc"
 
@@ -16,6 +17,12 @@ OPTIONS: tuple[Option, ...] = (
            "ZMQ address the backend binds (ipc:// or tcp://host:port; no wildcard unless bind_any)"),
     Option("bind_any", "POCSERVE_BACKEND_BIND_ANY", False,
            "allow binding tcp://0.0.0.0 / tcp://* (containers)", bool),
+    Option("curve_server_secret_key_file", "POCSERVE_CURVE_SERVER_SECRET_KEY_FILE", "",
+           "CURVE: this backend's secret key file (NAME.key_secret); with --curve-clients-dir the ZMQ link is "
+           "authenticated and encrypted (empty: plaintext)"),
+    Option("curve_clients_dir", "POCSERVE_CURVE_CLIENTS_DIR", "",
+           "CURVE: directory of the authorised frontends' public key files (*.key), or one such file; any "
+           "other peer is refused and logged"),
     Option("model", "POCSERVE_MODEL", "models/tiny-qwen3", "local model directory"),
     Option("served_model_name", "POCSERVE_SERVED_MODEL_NAME", "",
            "model name clients use (default: the model path)"),
@@ -64,11 +71,16 @@ OPTIONS: tuple[Option, ...] = (
            choices=("debug", "info", "warning", "error")),
 )
 
+_OPTIONS = {o.name: o for o in OPTIONS}
+
 
 @dataclass(frozen=True)
 class BackendSettings:
     address: str
     bind_any: bool
+    # Loaded and checked at start; both set or both None (CURVE off).
+    curve_server_secret_key_file: KeyFile | None
+    curve_clients_dir: PublicKeys | None
     model: Path
     served_model_name: str
     generate_model: str
@@ -111,6 +123,12 @@ def _check(s: BackendSettings) -> None:
     if scheme == "tcp" and not s.bind_any and any(h in s.address for h in ("://*", "://0.0.0.0", "://[::]")):
         raise SettingsError("--address binds every interface; set --bind-any / POCSERVE_BACKEND_BIND_ANY=1 "
                             "if that is intended")
+    if (s.curve_server_secret_key_file is None) != (s.curve_clients_dir is None):
+        raise SettingsError("--curve-server-secret-key-file / POCSERVE_CURVE_SERVER_SECRET_KEY_FILE and "
+                            "--curve-clients-dir / POCSERVE_CURVE_CLIENTS_DIR must be set together")
+    if s.curve_server_secret_key_file is not None and scheme == "inproc":
+        # inproc has no ZMTP handshake, so CURVE would silently do nothing there.
+        raise SettingsError("--address / POCSERVE_BACKEND_ADDRESS: CURVE needs an ipc:// or tcp:// address")
     for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
                  "poc_batches_per_step", "batch_size_default", "max_queued_nonces", "callback_max_retries",
                  "callback_max_concurrent", "callback_queue_size"):
@@ -129,6 +147,9 @@ def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] 
     values = parse_options("pocserve-backend", "pocserve backend: owns the vLLM engine", OPTIONS, argv, environ)
     values["model"] = Path(os.path.expanduser(values["model"]))
     values["state_dir"] = Path(os.path.expanduser(values["state_dir"]))
+    values["curve_server_secret_key_file"] = load_secret_key_file(
+        _OPTIONS["curve_server_secret_key_file"], values["curve_server_secret_key_file"])
+    values["curve_clients_dir"] = load_public_keys(_OPTIONS["curve_clients_dir"], values["curve_clients_dir"])
     settings = BackendSettings(**values)
     _check(settings)
     return settings

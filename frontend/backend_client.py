@@ -2,6 +2,7 @@
 
 Owns all cross-request state: request id → stream queue, ping id → future, the backend fingerprint and its
 liveness. Created in the app lifespan and stored on app.state; routes only call its methods.
+With CURVE keys the DEALER is a CURVE client; a RefusalWatch logs and retries a handshake the backend refuses.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import msgspec
 import structlog
 import zmq
 
+from frontend.refusals import RefusalWatch
 from protocol.codec import frontend_codec
 from protocol.common import BackendStats, ErrorInfo, Fingerprint
 from protocol.control import DeadEvent, ErrorReply, HelloRequest, PingRequest, PongReply, ReadyReply
+from protocol.curve import KeyFile
 from protocol.generate import (
     AbortRequest, Delta, DeltasEvent, GenerateErrorReply, GenerateRequest,
 )
@@ -43,13 +46,20 @@ class BackendRequestError(Exception):
 
 class BackendClient:
     def __init__(self, address: str, frontend_id: str, *, ping_interval_s: float = 0.5,
-                 backend_timeout_s: float = 1.5, backend_wait_s: float = 1.0, breaker_misses: int = 3) -> None:
+                 backend_timeout_s: float = 1.5, backend_wait_s: float = 1.0, breaker_misses: int = 3,
+                 curve_keys: KeyFile | None = None, curve_server_key: KeyFile | None = None,
+                 refused_retry_s: float = 5.0) -> None:
         self.address = address
         self.frontend_id = frontend_id
         self.ping_interval_s = ping_interval_s
         self.backend_timeout_s = backend_timeout_s
         self.backend_wait_s = backend_wait_s
         self.breaker_misses = breaker_misses
+        # Both or neither (the settings check it): this frontend's key pair, the backend's public key.
+        self.curve_keys = curve_keys
+        self.curve_server_key = curve_server_key
+        self.refused_retry_s = refused_retry_s
+        self.refusals: RefusalWatch | None = None
         self.fingerprint: Fingerprint | None = None
         self.stats: BackendStats | None = None
         self.incompatible: str | None = None
@@ -65,6 +75,12 @@ class BackendClient:
         self._ping_ids = itertools.count(1)
         self._rids = itertools.count(1)
         self._rid_prefix = uuid.uuid4().hex[:8]
+        # Stable across reconnects, so the backend's ROUTER (ROUTER_HANDOVER) keeps routing our requests' replies
+        # and aborts to us; a fresh random id per connection would orphan them.
+        self._routing_id = f"fe-{uuid.uuid4().hex}".encode()
+        # Requests failed here because the backend became unreachable; they may still run there, so they are
+        # aborted once it answers again (or forgotten if it restarted).
+        self._orphans: set[str] = set()
         self._last_pong = 0.0
         self._instance_id: str | None = None
         self._misses = 0
@@ -82,9 +98,26 @@ class BackendClient:
         sock.setsockopt(zmq.IMMEDIATE, 1)
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        sock.setsockopt(zmq.ROUTING_ID, self._routing_id)
+        # A network that drops packets silently (no RST) leaves TCP retransmitting with exponential backoff, so
+        # recovery after the link returns grew with the outage (14 s after a 45 s cut, up to minutes). ZMTP
+        # heartbeats drop a connection silent for backend_timeout_s (TTL: the backend drops its end too) and
+        # reconnect; the connect timeout stops each SYN into the void from waiting for the kernel's ~2 min.
+        timeout_ms = max(100, int(self.backend_timeout_s * 1000))
+        sock.setsockopt(zmq.HEARTBEAT_IVL, max(10, int(self.ping_interval_s * 1000)))
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms)
+        sock.setsockopt(zmq.HEARTBEAT_TTL, timeout_ms)
+        sock.setsockopt(zmq.CONNECT_TIMEOUT, timeout_ms)
+        if self.curve_keys is not None:
+            # The backend answers nothing until its ZAP handler admits our public key.
+            sock.curve_secretkey = self.curve_keys.secret_key
+            sock.curve_publickey = self.curve_keys.public_key
+            sock.curve_serverkey = self.curve_server_key.public_key
+        self._loop = asyncio.get_running_loop()
+        self.refusals = RefusalWatch(sock, self.address, self._loop, retry_s=self.refused_retry_s,
+                                     public_key=self.curve_keys.public_key if self.curve_keys else None)
         sock.connect(self.address)
         self._sock = sock
-        self._loop = asyncio.get_running_loop()
         self._loop.add_reader(sock.getsockopt(zmq.FD), self._drain)
         self._tasks = [asyncio.create_task(self._pinger(), name="backend-pinger")]
 
@@ -95,6 +128,7 @@ class BackendClient:
         self._fail_all("frontend shutting down")
         if self._sock is not None:
             self._loop.remove_reader(self._sock.getsockopt(zmq.FD))
+            self.refusals.close()
             self._sock.close(linger=0)
         self._ctx.term()
 
@@ -138,7 +172,7 @@ class BackendClient:
                 try:
                     await self._send(AbortRequest(rids=[req.rid]))
                 except BackendUnavailable:
-                    pass  # the backend is gone; so is the request
+                    self._orphans.add(req.rid)  # aborted after the next pong, unless the backend restarted
 
     async def call(self, req, timeout_s: float | None = None):
         """Sends a request that has exactly one reply with the same rid and awaits that reply."""
@@ -203,6 +237,9 @@ class BackendClient:
                 self._mark_down("backend restarted")
             self._instance_id = stats.instance_id
             self.fingerprint = None
+            self._orphans.clear()  # a new backend instance never had them
+        if self._orphans:
+            asyncio.get_running_loop().create_task(self._abort_orphans())
         if self.fingerprint is None and not self.incompatible:
             # Answered once the backend's engine is up; until then every pong retries it.
             asyncio.get_running_loop().create_task(self._send_hello())
@@ -218,6 +255,7 @@ class BackendClient:
         self._misses += 1
         if self.is_alive and time.monotonic() - self._last_pong > self.backend_timeout_s:
             log.warning("backend_unreachable", address=self.address)
+            self._orphans.update(self._streams)  # failed here, maybe still running there
             self._mark_down("backend unreachable")
         if self._misses == self.breaker_misses:
             log.warning("backend_breaker_open", misses=self._misses)
@@ -227,6 +265,15 @@ class BackendClient:
             await self._send(HelloRequest(protocol_version=PROTOCOL_VERSION, frontend_id=self.frontend_id))
         except BackendUnavailable:
             pass  # retried on the next pong
+
+    async def _abort_orphans(self) -> None:
+        rids = sorted(self._orphans)
+        try:
+            await self._send(AbortRequest(rids=rids))
+        except BackendUnavailable:
+            return  # retried after the next pong
+        self._orphans.difference_update(rids)
+        log.info("orphaned_requests_aborted", num=len(rids))
 
     def _mark_down(self, reason: str) -> None:
         self._alive.clear()
@@ -301,3 +348,4 @@ class BackendClient:
         self.fingerprint = fp
         log.info("backend_handshake", **msgspec.structs.asdict(fp))
         self._alive.set()
+

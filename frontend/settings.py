@@ -8,12 +8,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from protocol.config import Option, SettingsError, parse_options
+from protocol.curve import KeyFile, load_public_key_file, load_secret_key_file
 
 OPTIONS: tuple[Option, ...] = (
     Option("host", "POCSERVE_HOST", "127.0.0.1", "HTTP bind address"),
     Option("port", "POCSERVE_PORT", 8000, "HTTP port", int),
     Option("backend_address", "POCSERVE_BACKEND_ADDRESS", "ipc:///tmp/pocserve/backend.ipc",
            "ZMQ address of the backend"),
+    Option("curve_client_secret_key_file", "POCSERVE_CURVE_CLIENT_SECRET_KEY_FILE", "",
+           "CURVE: this frontend's secret key file (NAME.key_secret); its NAME.key must be in the backend's "
+           "--curve-clients-dir (empty: plaintext)"),
+    Option("curve_server_public_key_file", "POCSERVE_CURVE_SERVER_PUBLIC_KEY_FILE", "",
+           "CURVE: the backend's public key file (NAME.key); set with --curve-client-secret-key-file"),
     Option("frontend_id", "POCSERVE_FRONTEND_ID", "", "name in backend logs (default host-pid)"),
     Option("ping_interval_s", "POCSERVE_PING_INTERVAL_S", 0.5, "backend liveness ping period", float),
     Option("backend_timeout_s", "POCSERVE_BACKEND_TIMEOUT_S", 1.5,
@@ -38,12 +44,17 @@ OPTIONS: tuple[Option, ...] = (
            choices=("debug", "info", "warning", "error")),
 )
 
+_OPTIONS = {o.name: o for o in OPTIONS}
+
 
 @dataclass(frozen=True)
 class FrontendSettings:
     host: str
     port: int
     backend_address: str
+    # Loaded and checked at start; both set or both None (CURVE off).
+    curve_client_secret_key_file: KeyFile | None
+    curve_server_public_key_file: KeyFile | None
     frontend_id: str
     ping_interval_s: float
     backend_timeout_s: float
@@ -63,7 +74,18 @@ def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] 
     values = parse_options("pocserve-frontend", "pocserve HTTP frontend", OPTIONS, argv, environ)
     if not values["frontend_id"]:
         values["frontend_id"] = f"{socket.gethostname()}-{os.getpid()}"
+    values["curve_client_secret_key_file"] = load_secret_key_file(
+        _OPTIONS["curve_client_secret_key_file"], values["curve_client_secret_key_file"])
+    values["curve_server_public_key_file"] = load_public_key_file(
+        _OPTIONS["curve_server_public_key_file"], values["curve_server_public_key_file"])
     s = FrontendSettings(**values)
+    if (s.curve_client_secret_key_file is None) != (s.curve_server_public_key_file is None):
+        raise SettingsError("--curve-client-secret-key-file / POCSERVE_CURVE_CLIENT_SECRET_KEY_FILE and "
+                            "--curve-server-public-key-file / POCSERVE_CURVE_SERVER_PUBLIC_KEY_FILE must be set "
+                            "together")
+    if s.curve_client_secret_key_file is not None and s.backend_address.startswith("inproc://"):
+        # inproc has no ZMTP handshake, so CURVE would silently do nothing there.
+        raise SettingsError("--backend-address / POCSERVE_BACKEND_ADDRESS: CURVE needs an ipc:// or tcp:// address")
     for name in ("ping_interval_s", "backend_timeout_s", "backend_wait_s", "pow_wait_timeout_s"):
         if getattr(s, name) <= 0:
             raise SettingsError(f"--{name.replace('_', '-')} must be positive")

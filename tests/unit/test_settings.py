@@ -151,3 +151,114 @@ def test_settings_readme_mentions_every_env_name(module):
         pytest.skip(f"{readme} does not exist yet: nothing to check the env names against")
     text = readme.read_text()
     assert [o.env for o in module.OPTIONS if o.env not in text] == []
+
+
+# --- CURVE key files: loaded at start; a bad one is a SettingsError naming the setting and the path ---
+
+@pytest.fixture
+def curve_files(tmp_path) -> dict[str, Path]:
+    from backend.curve_keys import create_key_pair
+    server_public, server_secret = create_key_pair(tmp_path / "server", "server")
+    client_public, client_secret = create_key_pair(tmp_path / "client", "client")
+    clients = tmp_path / "clients"
+    clients.mkdir()
+    (clients / "client.key").write_bytes(client_public.read_bytes())
+    garbage = tmp_path / "garbage.key"
+    garbage.write_text("not a certificate\n")
+    short = tmp_path / "short.key"
+    short.write_text('curve\n    public-key = "tooShort"\n')
+    # A secret file whose public key is another pair's: the halves do not belong together.
+    mixed = tmp_path / "mixed.key_secret"
+    mixed.write_text(server_secret.read_text().replace(_public_key(server_public), _public_key(client_public)))
+    return {"server_public": server_public, "server_secret": server_secret, "client_public": client_public,
+            "client_secret": client_secret, "clients": clients, "empty_dir": (tmp_path / "empty").resolve(),
+            "missing": tmp_path / "missing.key", "garbage": garbage, "short": short, "mixed": mixed}
+
+
+def _public_key(path: Path) -> str:
+    import zmq.auth
+    return zmq.auth.load_certificate(path)[0].decode()
+
+
+def _curve_argv(module, files: dict[str, Path], **override: str) -> list[str]:
+    """Valid CURVE flags for `module`, with some replaced by a named entry of `files`."""
+    names = ({"--curve-server-secret-key-file": "server_secret", "--curve-clients-dir": "clients"}
+             if module is backend_settings else
+             {"--curve-client-secret-key-file": "client_secret", "--curve-server-public-key-file": "server_public"})
+    names.update(override)
+    return [arg for flag, name in names.items() for arg in (flag, str(files[name]))]
+
+
+def test_settings_curve_keys_load_and_secrets_stay_out_of_repr(curve_files):
+    b = backend_settings.load_settings(_curve_argv(backend_settings, curve_files), {})
+    assert b.curve_server_secret_key_file.public_key.decode() == _public_key(curve_files["server_public"])
+    assert b.curve_clients_dir.keys == {_public_key(curve_files["client_public"]).encode()}
+    f = frontend_settings.load_settings([], {
+        "POCSERVE_CURVE_CLIENT_SECRET_KEY_FILE": str(curve_files["client_secret"]),
+        "POCSERVE_CURVE_SERVER_PUBLIC_KEY_FILE": str(curve_files["server_public"])})
+    assert f.curve_server_public_key_file.public_key == b.curve_server_secret_key_file.public_key
+    assert f.curve_client_secret_key_file.public_key in b.curve_clients_dir.keys
+    for settings, keys in ((b, b.curve_server_secret_key_file), (f, f.curve_client_secret_key_file)):
+        assert keys.secret_key and keys.secret_key.decode() not in repr(settings)
+    # One public key file instead of a directory of them.
+    one = backend_settings.load_settings(_curve_argv(backend_settings, curve_files,
+                                                     **{"--curve-clients-dir": "client_public"}), {})
+    assert one.curve_clients_dir.keys == b.curve_clients_dir.keys
+
+
+CURVE_BAD = [
+    (backend_settings, "--curve-server-secret-key-file", "missing", "no such file"),
+    (backend_settings, "--curve-server-secret-key-file", "garbage", "no public-key line"),
+    (backend_settings, "--curve-server-secret-key-file", "server_public", "holds no secret-key"),
+    (backend_settings, "--curve-server-secret-key-file", "mixed", "does not belong"),
+    (backend_settings, "--curve-clients-dir", "missing", "no such file"),
+    (backend_settings, "--curve-clients-dir", "empty_dir", "no *.key public key files"),
+    (backend_settings, "--curve-clients-dir", "short", "not a 40-character Z85 key"),
+    (backend_settings, "--curve-clients-dir", "client_secret", "holds a secret-key"),
+    (frontend_settings, "--curve-client-secret-key-file", "missing", "no such file"),
+    (frontend_settings, "--curve-client-secret-key-file", "client_public", "holds no secret-key"),
+    (frontend_settings, "--curve-server-public-key-file", "garbage", "no public-key line"),
+    (frontend_settings, "--curve-server-public-key-file", "server_secret", "holds a secret-key"),
+]
+
+
+@pytest.mark.parametrize("module,flag,name,reason", CURVE_BAD,
+                         ids=[f"{row[0].__name__.split('.')[0]}-{row[1].removeprefix('--curve-')}-{row[2]}"
+                              for row in CURVE_BAD])
+def test_settings_curve_bad_key_file_names_setting_and_path(curve_files, module, flag, name, reason):
+    if name == "empty_dir":
+        curve_files[name].mkdir()
+    with pytest.raises(SettingsError) as info:
+        module.load_settings(_curve_argv(module, curve_files, **{flag: name}), {})
+    env = next(o.env for o in module.OPTIONS if o.flag == flag)
+    message = str(info.value)
+    assert flag in message and env in message and str(curve_files[name]) in message and reason in message
+    assert "\n" not in message
+
+
+def test_settings_curve_unreadable_key_file(curve_files, monkeypatch):
+    import zmq.auth
+
+    def unreadable(path):  # chmod 000 does not stop root, who may run these tests
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(zmq.auth, "load_certificate", unreadable)
+    with pytest.raises(SettingsError) as info:
+        backend_settings.load_settings(_curve_argv(backend_settings, curve_files), {})
+    assert "--curve-server-secret-key-file" in str(info.value) and "permission denied" in str(info.value)
+
+
+@pytest.mark.parametrize("module,argv,names", [
+    (backend_settings, ["--curve-server-secret-key-file", "{server_secret}"], ["--curve-clients-dir"]),
+    (backend_settings, ["--curve-clients-dir", "{clients}"], ["POCSERVE_CURVE_SERVER_SECRET_KEY_FILE"]),
+    (backend_settings, ["--address", "inproc://x", "--curve-server-secret-key-file", "{server_secret}",
+                        "--curve-clients-dir", "{clients}"], ["--address", "CURVE"]),
+    (frontend_settings, ["--curve-client-secret-key-file", "{client_secret}"], ["--curve-server-public-key-file"]),
+    (frontend_settings, ["--backend-address", "inproc://x", "--curve-client-secret-key-file", "{client_secret}",
+                         "--curve-server-public-key-file", "{server_public}"], ["--backend-address", "CURVE"]),
+], ids=["backend-no-clients", "backend-no-secret", "backend-inproc", "frontend-no-server-key", "frontend-inproc"])
+def test_settings_curve_pair_and_transport_checked(curve_files, module, argv, names):
+    with pytest.raises(SettingsError) as info:
+        module.load_settings([a.format(**curve_files) for a in argv], {})
+    for name in names:
+        assert name in str(info.value)
