@@ -137,6 +137,25 @@ def group_cpu_s(pgids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def group_rss_bytes(pgids: list[int]) -> dict[int, int]:
+    """Resident memory (RSS) of each process group, summed over its live members (Linux /proc; {} elsewhere)."""
+    totals, page = dict.fromkeys(pgids, 0), os.sysconf("SC_PAGE_SIZE")
+    try:
+        pids = [d for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pgrp = int(f.read().rsplit(")", 1)[1].split()[2])
+            if pgrp in totals:
+                with open(f"/proc/{pid}/statm") as f:
+                    totals[pgrp] += int(f.read().split()[1]) * page  # the second field is resident pages
+        except OSError:
+            continue  # exited meanwhile
+    return totals
+
+
 def stop_all(procs: list[Proc]) -> None:
     """Stops in reverse start order (frontend before backend); every one even if another fails.
 

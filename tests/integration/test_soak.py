@@ -1,0 +1,29 @@
+"""The reliability soak (bench/soak.py), CI-sized: ~40 s, 16 streams, one mining + validation cycle.
+
+It starts its own backend and two frontends (the shared session stack must stay idle for other tests), so it
+costs one engine start on top of the 40 s. The full-size run is `python -m bench.soak --seconds 180`.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.soak import SoakConfig, run_soak
+
+
+@pytest.mark.slow
+def test_soak_loses_nothing_and_stays_healthy(model_dir, tmp_path):
+    report = run_soak(SoakConfig(
+        work_dir=tmp_path, model_dir=model_dir, seconds=40.0, concurrency=16, num_cycles=1,
+        callback_interval_s=1.0, validation_interval_s=1.5, drain_timeout_s=90.0))
+    chat, pow_ = report["chat"], report["pow"]
+    assert report["problems"] == [], report
+    assert chat["sent"] == chat["completed"] > 0 and (chat["failed"], chat["lost"]) == (0, 0)
+    assert all(f["sent"] > 0 for f in chat["per_frontend"])  # both frontends carried streams
+    assert pow_["nonces_mined"] > 0 and pow_["nonces_delivered"] >= pow_["nonces_mined"]
+    assert pow_["mining_nonces_lost"] == 0
+    assert pow_["validations_submitted"] > 0
+    assert pow_["validated_callbacks"] == pow_["validations_submitted"] and pow_["num_validations_wrong"] == 0
+    assert report["health"] == {"http": {"frontend0": 200, "frontend1": 200},
+                                "alive": {"backend": True, "frontend0": True, "frontend1": True}}
+    assert report["backend"]["pocserve_callbacks_dropped_total"] == 0
