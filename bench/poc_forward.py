@@ -78,12 +78,14 @@ def _parts(worker, block_ids: list[int], num_seqs: int, seq_len: int, iters: int
             fn()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            started = time.perf_counter()
+            started, enqueued = time.perf_counter(), 0.0
             for _ in range(iters):
                 fn()
+                enqueued = time.perf_counter()  # host time to launch (the device may still be working)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             out[name] = (time.perf_counter() - started) / iters * 1e3
+            out[name + " (host)"] = (enqueued - started) / iters * 1e3
     return out
 
 

@@ -63,17 +63,17 @@ def compute_artifact_vectors(
     device = last_hidden.device
 
     h = last_hidden.to(torch.float32)
-    h, nonce_list = _keep_rows(h, nonce_list, _finite_rows(h))
-    if not nonce_list:
-        return [], torch.empty(0, k_dim, dtype=torch.float16, device=device)
-
+    finite = _finite_rows(h)
+    # Every step below works row by row, so a non-finite row simply rides along and both filters are applied
+    # once at the end: the kept rows' values are what dropping the bad rows first would give, and the device
+    # is synchronised once per batch instead of after the forward (which left it idle while this launched).
     h = normalize_rows(h)
     chosen = pick_indices(block_hash, public_key, nonce_list, hidden_size, k_dim, device)
     x_k = torch.gather(h, 1, chosen)
     y = normalize_rows(haar_rotate(x_k, block_hash, public_key, nonce_list))
     # .half() rounds to nearest-even on every device, matching the reference's `.half()`.
     vectors = y.half()
-    vectors, nonce_list = _keep_rows(vectors, nonce_list, _finite_rows(vectors))
+    vectors, nonce_list = _keep_rows(vectors, nonce_list, finite & _finite_rows(vectors))
     return nonce_list, vectors
 
 

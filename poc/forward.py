@@ -13,6 +13,8 @@ from vllm import ir
 from vllm.forward_context import set_forward_context
 from vllm.v1.attention.backend import CommonAttentionMetadata
 
+from poc.rng import host_to_device
+
 
 # vLLM dispatches RMSNorm through IR ops whose default priority is "native" when the engine compiles with
 # inductor, so an eager forward (skip_compiled) would run the unfused PyTorch norm: on an H100 that was about
@@ -47,6 +49,7 @@ def prefill_last_hidden(mr, cfg, model, block_ids: list[int], x: torch.Tensor) -
     pos = torch.arange(seq_len)
     qsl = torch.arange(num_seqs + 1, dtype=torch.int32) * seq_len
     seq_lens = torch.full((num_seqs,), seq_len, dtype=torch.int32)
+    positions = host_to_device(pos.repeat(num_seqs), device)
     attn_metadata, slot_mappings = {}, {}
     for gid, group in enumerate(kv.kv_cache_groups):
         kbs = _kernel_block_size(mr, gid)
@@ -54,10 +57,11 @@ def prefill_last_hidden(mr, cfg, model, block_ids: list[int], x: torch.Tensor) -
         kernel_blocks = (ids[:, :, None] * per + torch.arange(per)).view(num_seqs, blocks_per_seq * per)
         slots = (kernel_blocks.gather(1, (pos // kbs).expand(num_seqs, seq_len)) * kbs + pos % kbs).reshape(-1)
         common = CommonAttentionMetadata(
-            query_start_loc=qsl.to(device), query_start_loc_cpu=qsl, seq_lens=seq_lens.to(device),
-            num_reqs=num_seqs, num_actual_tokens=num_seqs * seq_len, max_query_len=seq_len,
-            max_seq_len=seq_len, block_table_tensor=kernel_blocks.to(device, torch.int32),
-            slot_mapping=slots.to(device), causal=True, positions=pos.repeat(num_seqs).to(device),
+            query_start_loc=host_to_device(qsl, device), query_start_loc_cpu=qsl,
+            seq_lens=host_to_device(seq_lens, device), num_reqs=num_seqs, num_actual_tokens=num_seqs * seq_len,
+            max_query_len=seq_len, max_seq_len=seq_len,
+            block_table_tensor=host_to_device(kernel_blocks.to(torch.int32), device),
+            slot_mapping=host_to_device(slots, device), causal=True, positions=positions,
             is_prefilling=torch.ones(num_seqs, dtype=torch.bool, device=device),
             seq_lens_cpu_upper_bound=seq_lens, _seq_lens_cpu=seq_lens,
             _num_computed_tokens_cpu=torch.zeros(num_seqs, dtype=torch.int32))
@@ -66,7 +70,6 @@ def prefill_last_hidden(mr, cfg, model, block_ids: list[int], x: torch.Tensor) -
                 common_prefix_len=0, common_attn_metadata=common, fast_build=True)
             attn_metadata.update(dict.fromkeys(attn_group.layer_names, built))
         slot_mappings.update(dict.fromkeys(group.layer_names, common.slot_mapping))
-    positions = pos.repeat(num_seqs).to(device)
     embeds = x.reshape(num_seqs * seq_len, hidden_size)
     with set_forward_context(attn_metadata, cfg, num_tokens=num_seqs * seq_len, slot_mapping=slot_mappings,
                              skip_compiled=True), eager_norm_kernels():

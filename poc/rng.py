@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
+from poc import cuda_kernels
 from poc.errors import PocInputError
 from poc.seeds import (
     NUM_SUB_SEEDS,
@@ -41,11 +42,22 @@ U1_MIN = 1e-10
 DEFAULT_MAX_TILE_PAIRS = 1 << 22
 
 
+def host_to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A host tensor on `device` without waiting for the device: a plain `.to("cuda")` of pageable memory
+    synchronises the stream, which would stall the host until every queued kernel (a whole forward) is done
+    and leave the device idle while the host then launches the next steps. Pinned + non_blocking is safe:
+    torch's pinned allocator keeps the source alive until the copy has run."""
+    device = torch.device(device)
+    if device.type != "cuda" or t.device.type != "cpu":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def seed_tensor(seeds: Sequence[int] | torch.Tensor, device: torch.device | str) -> torch.Tensor:
     """Seeds as a 1-D int64 tensor on `device` (values are uint32, so int64 holds them exactly)."""
-    if isinstance(seeds, torch.Tensor):
-        return seeds.to(device=device, dtype=torch.int64).reshape(-1)
-    return torch.tensor(list(seeds), dtype=torch.int64, device=device).reshape(-1)
+    if not isinstance(seeds, torch.Tensor):
+        seeds = torch.tensor(list(seeds), dtype=torch.int64)
+    return host_to_device(seeds.to(torch.int64).reshape(-1), device)
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -119,6 +131,17 @@ def normal_into(
     half of pair i (not interleaved); the last sin value is dropped when n is odd. Values are computed in
     float32 and rounded to out.dtype on store, which equals casting a full float32 result at the end.
     """
+    if cuda_kernels.available(out) and out.stride(-1) == 1:
+        return cuda_kernels.normal_into(out, seeds, TWO_PI_F32, U1_MIN)
+    return normal_into_torch(out, seeds, max_tile_pairs)
+
+
+def normal_into_torch(
+    out: torch.Tensor,
+    seeds: torch.Tensor,
+    max_tile_pairs: int = DEFAULT_MAX_TILE_PAIRS,
+) -> torch.Tensor:
+    """normal_into in plain torch ops on any device: the reference the fused CUDA kernel must equal."""
     num_rows, n = out.shape
     if n == 0 or num_rows == 0:
         return out
@@ -206,7 +229,7 @@ def stronger_inputs(
     `sub_seed_rows` is [B, 8]. Each segment does its own cos/sin split, so this differs from the standard
     generator even in segment 0. Segments that would start at or past N are skipped. `out` as above.
     """
-    subs = torch.as_tensor(sub_seed_rows, dtype=torch.int64).to(device).reshape(-1, NUM_SUB_SEEDS)
+    subs = host_to_device(torch.as_tensor(sub_seed_rows, dtype=torch.int64), device).reshape(-1, NUM_SUB_SEEDS)
     flat = _output_buffer(out, subs.shape[0], seq_len, hidden_size, device, dtype)
     total = seq_len * hidden_size
     seg_len = (total + NUM_SUB_SEEDS - 1) // NUM_SUB_SEEDS

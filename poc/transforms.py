@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
+from poc import cuda_kernels
 from poc.errors import PocInputError
 from poc.rng import murmur3_32, normal, seed_tensor
 from poc.seeds import haar_seeds, pick_seeds
@@ -25,6 +26,13 @@ def reflect(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     With a unit v this is an orthogonal involution. The cast matters for the layer hooks: the reference
     reflects bf16 activations with a bf16 copy of v, so the arithmetic happens in the activation dtype.
     """
+    if cuda_kernels.can_reflect_rows(x, v):
+        return cuda_kernels.reflect_rows(x, v)
+    return reflect_torch(x, v)
+
+
+def reflect_torch(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """reflect in plain torch ops: the reference the fused CUDA kernel must equal."""
     v = v.to(dtype=x.dtype, device=x.device)
     dot = (x * v).sum(dim=-1, keepdim=True)
     return x - 2 * dot * v

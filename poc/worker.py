@@ -18,6 +18,7 @@ from contextlib import contextmanager
 
 import torch
 
+from poc import cuda_kernels
 from poc.artifacts import compute_artifacts
 from poc.errors import PocInputError
 from poc.rng import householder_vectors, input_embeddings
@@ -41,7 +42,12 @@ def _reflect_output(vector: torch.Tensor):
     def hook(_module, _inputs, output):
         if isinstance(output, tuple):
             if len(output) >= 2:
-                return (reflect(output[0], vector), reflect(output[1], vector), *output[2:])
+                hidden, residual = output[0], output[1]
+                if (hidden.shape == residual.shape and hidden.dtype == residual.dtype
+                        and cuda_kernels.can_reflect_rows(hidden, vector)
+                        and cuda_kernels.can_reflect_rows(residual, vector)):
+                    return (*cuda_kernels.reflect_pair(hidden, residual, vector), *output[2:])
+                return (reflect(hidden, vector), reflect(residual, vector), *output[2:])
             return (reflect(output[0], vector),)
         return reflect(output, vector)
     return hook
@@ -98,7 +104,8 @@ class PocWorkerExtension:
         dtype = cfg.model_config.dtype
         x = input_embeddings(block_hash, public_key, nonces, seq_len, hidden_size, device, dtype,
                              stronger_rng=stronger_rng)
-        vectors = self._householder(block_hash, len(_decoder_layers(model)), hidden_size, device)
+        # reflect() casts v to the activation dtype anyway; casting once here saves two copies per layer.
+        vectors = self._householder(block_hash, len(_decoder_layers(model)), hidden_size, device).to(dtype)
         with reflection_hooks(model, vectors):
             hidden = forward.prefill_last_hidden(mr, cfg, model, block_ids, x)
         return compute_artifacts(hidden, block_hash, public_key, nonces, k_dim)
