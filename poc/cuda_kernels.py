@@ -4,11 +4,14 @@ The torch code in poc/rng.py and poc/transforms.py is the definition; these kern
 - `normal_into`: murmur3 → uniforms → Box–Muller → cast, one kernel instead of ~70 full-size int64 passes
   (8 ms of a 32×1024 batch on an H100). Integer math is exact in any order; the float steps use the same
   correctly rounded operations as torch's CUDA kernels (libdevice logf/cosf/sinf, sqrt.rn, one rounding per
-  multiply), so every value is bit-identical (tests/gpu/test_poc_cuda_kernels.py checks it).
+  multiply), so every value is bit-identical (tests/unit/test_poc_cuda.py checks it on a GPU).
 - `reflect_rows`: the per-layer Householder reflection x − 2(x·v)v of bf16/fp16 activations in one pass,
   with the reference's roundings (product, dot, 2·dot·v and the difference each rounded to the activation
   dtype). Only the fp32 summation order inside the dot differs from torch's reduction, as it does between any
-  two GPUs' reductions, so a dot can differ in its last bit.
+  two GPUs' reductions, so a dot can differ in its last bit (seen for fp16, never for bf16 on an H100).
+
+Both launch with enable_fp_fusion=False: Triton otherwise contracts x − (2·dot)·v into one FMA and skips the
+rounding of the product, which changed about 5% of the reflected bf16 values.
 
 Used only for CUDA tensors when Triton imports (`available()`); POCSERVE_POC_TRITON=0 turns them off.
 """
@@ -118,7 +121,8 @@ def normal_into(out: torch.Tensor, seeds: torch.Tensor, two_pi: float, u1_min: f
     seeds = seeds.to(device=out.device, dtype=torch.int64).reshape(-1).contiguous()
     block = 1024
     grid = (num_rows, triton.cdiv(num_pairs, block))
-    normal_kernel[grid](out, seeds, out.stride(0), n, num_pairs, two_pi, u1_min, BLOCK=block)
+    normal_kernel[grid](out, seeds, out.stride(0), n, num_pairs, two_pi, u1_min, BLOCK=block,
+                        enable_fp_fusion=False)
     return out
 
 
@@ -145,5 +149,5 @@ def reflect_pair(a: torch.Tensor, b: torch.Tensor, v: torch.Tensor) -> tuple[tor
     out_b = out_a if b is a else torch.empty_like(b)
     if rows:
         reflect_pair_kernel[(rows if b is a else 2 * rows,)](
-            a, b, v, out_a, out_b, rows, h, BLOCK=triton.next_power_of_2(h))
+            a, b, v, out_a, out_b, rows, h, BLOCK=triton.next_power_of_2(h), enable_fp_fusion=False)
     return out_a, out_b
