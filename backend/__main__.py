@@ -19,6 +19,7 @@ import zmq
 from backend.control import ControlPlane
 from backend.curve import CurveGate
 from backend.ipc import BROADCAST, SocketServer
+from backend.peers import PeerTable
 from backend.settings import BackendSettings, load_settings
 from backend.store import StoreError
 from backend.wiring import open_store
@@ -49,7 +50,8 @@ def serve(settings: BackendSettings) -> int:
     _prepare_address(settings.address)
     gate = (CurveGate(settings.curve_server_secret_key_file, settings.curve_clients_dir)
             if settings.curve_server_secret_key_file is not None else None)
-    server = SocketServer(ctx, settings.address, inbox, control, gate=gate)
+    server = SocketServer(ctx, settings.address, inbox, control, gate=gate,
+                          peers=PeerTable(settings.frontend_timeout_s))
     server.start()
 
     from backend.engine.adapter import Engine  # imports vLLM: after the socket is up, so probes see us early

@@ -3,11 +3,13 @@
 Pings are answered here, not by the engine thread, so a long engine step or PoC batch never looks like a dead
 backend. The engine thread publishes an immutable stats snapshot after its steps; pongs carry the latest one
 plus how old it is, which is how a hung engine shows (and a dead one sends DeadEvent and exits).
+The registry of frontends (identity → frontend id) lives here too: Hello adds, `forget` drops a silent one.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 
 import msgspec
 import structlog
@@ -17,6 +19,9 @@ from protocol.control import HelloRequest, PingRequest, PongReply, ReadyReply
 from protocol.version import PROTOCOL_VERSION
 
 log = structlog.get_logger(__name__)
+
+# Names of forgotten frontends kept so that one coming back is counted again on its next ping (no new Hello).
+_MAX_REMEMBERED_LOST = 256
 
 
 class ControlPlane:
@@ -29,6 +34,7 @@ class ControlPlane:
         self.snapshot: BackendStats | None = None
         self.snapshot_at = time.monotonic()
         self.frontends: dict[bytes, str] = {}
+        self._lost: OrderedDict[bytes, str] = OrderedDict()
 
     def publish(self, stats: BackendStats) -> None:
         self.snapshot, self.snapshot_at = stats, time.monotonic()
@@ -42,10 +48,25 @@ class ControlPlane:
             return None  # engine still loading: the frontend retries after its next pong
         if identity not in self.frontends:
             log.info("frontend_connected", frontend_id=msg.frontend_id)
+        self._lost.pop(identity, None)
         self.frontends[identity] = msg.frontend_id
         return ReadyReply(fingerprint=self.fingerprint)
 
-    def on_ping(self, msg: PingRequest, *, num_rejected_frames: int, outbox_depth: int) -> PongReply:
+    def forget(self, identity: bytes) -> str:
+        """Drops a peer the io thread found silent; returns its frontend id ("" if it never said Hello)."""
+        frontend_id = self.frontends.pop(identity, "")
+        if frontend_id:
+            # A frontend only says Hello once per backend instance: after a partition or a stall it just pings.
+            self._lost[identity] = frontend_id
+            if len(self._lost) > _MAX_REMEMBERED_LOST:
+                self._lost.popitem(last=False)
+        return frontend_id
+
+    def on_ping(self, identity: bytes, msg: PingRequest, *, num_rejected_frames: int,
+                outbox_depth: int) -> PongReply:
+        if (frontend_id := self._lost.pop(identity, None)) is not None:
+            self.frontends[identity] = frontend_id
+            log.info("frontend_returned", frontend_id=frontend_id)
         now = time.monotonic()
         base = self.snapshot or BackendStats(
             instance_id=self.instance_id, uptime_s=0.0, num_frontends=0, num_running=0, num_waiting=0,

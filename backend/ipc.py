@@ -6,6 +6,8 @@ Threads and ownership (a zmq socket is used by exactly one thread):
 - encode thread: owns the inproc PUSH. It takes `(identity, msg)` from the outbox, encodes, pushes.
 The engine thread therefore never touches a socket and never encodes.
 With CURVE on, the io thread also runs the ROUTER's CurveGate (ZAP handler and handshake monitor, backend/curve.py).
+The io thread also keeps every peer's last-seen time (backend/peers.py): a peer silent past the timeout is forgotten
+and a FrontendLost event goes to the loop, which aborts that peer's requests.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import zmq
 from protocol.codec import backend_codec
 from backend.control import ControlPlane
 from backend.curve import CurveGate
+from backend.peers import FrontendLost, PeerTable
 from protocol.common import ErrorInfo
 from protocol.control import ErrorReply, HelloRequest, PingRequest
 
@@ -29,6 +32,8 @@ log = structlog.get_logger(__name__)
 # An outbox item addressed to this identity goes to every frontend seen so far.
 BROADCAST = b""
 _POLL_MS = 100
+# Frames read before a sweep, at most (see _sweep).
+_MAX_DRAIN_FRAMES = 1000
 
 
 def make_socket(ctx: zmq.Context, kind: int, *, linger_ms: int = 0) -> zmq.Socket:
@@ -54,6 +59,7 @@ class SocketServer:
     def __init__(
         self, ctx: zmq.Context, address: str, inbox: queue.Queue, control: ControlPlane, *,
         configure: Callable[[zmq.Socket], None] | None = None, gate: CurveGate | None = None,
+        peers: PeerTable | None = None,
     ) -> None:
         self._ctx = ctx
         self.control = control
@@ -66,7 +72,8 @@ class SocketServer:
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._error: BaseException | None = None
-        self._peers: set[bytes] = set()
+        # Every identity heard from (BROADCAST targets), with its last-seen time; default: never expires.
+        self.peers = peers if peers is not None else PeerTable(timeout_s=0.0)
         self.num_rejected_frames = 0
         self._threads = [
             threading.Thread(target=self._io_loop, name="zmq-io", daemon=True),
@@ -138,6 +145,8 @@ class SocketServer:
                     self._deliver(router, identity.bytes, payload)
                 if self._gate is not None:
                     self._gate.on_events(events)
+                if self.peers.is_sweep_due():
+                    self._sweep(router, codec)
             while pull.poll(0):  # flush replies queued before stop
                 identity, payload = pull.recv_multipart(copy=False)
                 self._deliver(router, identity.bytes, payload)
@@ -148,13 +157,13 @@ class SocketServer:
                 self._gate.close()
 
     def _deliver(self, router: zmq.Socket, identity: bytes, payload) -> None:
-        targets = list(self._peers) if identity == BROADCAST else [identity]
+        targets = list(self.peers) if identity == BROADCAST else [identity]
         for peer in targets:
             router.send_multipart([peer, payload], copy=False)
 
     def _on_frames(self, router: zmq.Socket, codec, frames: list) -> None:
         identity = frames[0].bytes
-        self._peers.add(identity)
+        self.peers.seen(identity)
         if len(frames) != 2:
             self._reject(router, codec, identity, f"expected 1 payload frame, got {len(frames) - 1}")
             return
@@ -164,7 +173,7 @@ class SocketServer:
             self._reject(router, codec, identity, f"malformed frame: {e}")
             return
         if isinstance(msg, PingRequest):
-            pong = self.control.on_ping(msg, num_rejected_frames=self.num_rejected_frames,
+            pong = self.control.on_ping(identity, msg, num_rejected_frames=self.num_rejected_frames,
                                         outbox_depth=self.outbox.qsize())
             router.send_multipart([identity, codec.encode(pong)])
         elif isinstance(msg, HelloRequest):
@@ -172,6 +181,17 @@ class SocketServer:
                 router.send_multipart([identity, codec.encode(ready)])
         else:
             self._inbox.put((identity, msg))
+
+    def _sweep(self, router: zmq.Socket, codec) -> None:
+        # Frames libzmq already holds are read first: an io thread starved of the GIL for a while must not
+        # expire peers whose pings are waiting in the socket.
+        for _ in range(_MAX_DRAIN_FRAMES):
+            if not router.poll(0):
+                break
+            self._on_frames(router, codec, router.recv_multipart(copy=False))
+        for identity, silent_s in self.peers.sweep():
+            frontend_id = self.control.forget(identity)
+            self._inbox.put((identity, FrontendLost(frontend_id=frontend_id, silent_s=silent_s)))
 
     def _reject(self, router: zmq.Socket, codec, identity: bytes, reason: str) -> None:
         # Counted and answered, never raised: a bad peer must not take the backend down.

@@ -14,6 +14,7 @@ from backend.control import ControlPlane
 from backend.engine.poc import ArtifactJob
 from backend.errors import POC_GATE_MESSAGE, RequestError
 from backend.ipc import SocketServer
+from backend.peers import FrontendLost
 from protocol.common import BackendStats, ErrorInfo
 from poc.errors import PocInputError
 from protocol.control import ErrorReply
@@ -28,6 +29,8 @@ _IDLE_WAIT_S = 0.1
 _PUBLISH_INTERVAL_S = 0.05
 # Expired job results are pruned on this timer (not only when another job finishes).
 _PRUNE_INTERVAL_S = 5.0
+# What the streams of a frontend the io thread gave up on end with (if it was only stalled, it reads this).
+FRONTEND_LOST_ERROR = RequestError("frontend timed out", status=503).info()
 
 
 class BackendLoop:
@@ -52,7 +55,7 @@ class BackendLoop:
         self._pruned_at = time.monotonic()
         self.pow = None
         self.handlers = {GenerateRequest: self._on_generate, AbortRequest: self._on_abort,
-                         PocArtifactsRequest: self._on_poc_artifacts}
+                         PocArtifactsRequest: self._on_poc_artifacts, FrontendLost: self._on_frontend_lost}
 
     def use_pow(self, pow_service) -> None:
         """Attaches the PoC API service (it needs this loop's abort_all_chat, so it comes second)."""
@@ -81,13 +84,18 @@ class BackendLoop:
 
     def abort_all_chat(self, reason: ErrorInfo) -> int:
         """Aborts every generation in flight; their frontends get `reason` as the error reply."""
-        owners, self.owners = self.owners, {}
-        if owners:
-            self.engine.abort(list(owners))
-            self.num_aborted += len(owners)
-        for identity, rid in owners.values():
-            self.server.send(identity, GenerateErrorReply(rid=rid, error=reason))
-        return len(owners)
+        return self._abort(list(self.owners), reason)
+
+    def _abort(self, engine_rids: list[str], reason: ErrorInfo | None = None) -> int:
+        """The one abort path: drops the owners, aborts in the engine, counts; sends `reason` to each frontend."""
+        owned = [(r, self.owners.pop(r)) for r in engine_rids if r in self.owners]
+        if owned:
+            self.engine.abort([r for r, _ in owned])
+            self.num_aborted += len(owned)
+        if reason is not None:
+            for _, (identity, rid) in owned:
+                self.server.send(identity, GenerateErrorReply(rid=rid, error=reason))
+        return len(owned)
 
     def snapshot(self) -> policy.Snapshot:
         return policy.Snapshot(
@@ -191,12 +199,16 @@ class BackendLoop:
         self.owners[engine_rid] = (identity, msg.rid)
 
     def _on_abort(self, identity: bytes, msg: AbortRequest) -> None:
-        engine_rids = [f"{identity.hex()}-{rid}" for rid in msg.rids]
-        known = [r for r in engine_rids if self.owners.pop(r, None) is not None]
-        if known:
-            self.engine.abort(known)
-            self.num_aborted += len(known)
-            log.info("requests_aborted", num=len(known))
+        if num := self._abort([f"{identity.hex()}-{rid}" for rid in msg.rids]):
+            log.info("requests_aborted", num=num)
+
+    def _on_frontend_lost(self, identity: bytes, msg: FrontendLost) -> None:
+        # Nobody reads these streams any more (or, if the frontend was only stalled, they end with a 503).
+        num = self._abort([r for r, (owner, _) in self.owners.items() if owner == identity], FRONTEND_LOST_ERROR)
+        # Probes and test clients go silent by design; only a frontend or a peer that had work is news.
+        level = log.info if msg.frontend_id or num else log.debug
+        level("frontend_lost", identity=identity.decode("ascii", "backslashreplace"), frontend_id=msg.frontend_id,
+              silent_s=round(msg.silent_s, 2), num_aborted=num)
 
     def _on_poc_artifacts(self, identity: bytes, msg: PocArtifactsRequest) -> None:
         def done(artifacts, error) -> None:

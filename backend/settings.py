@@ -11,6 +11,8 @@ from protocol.config import Option, SettingsError, parse_options
 from protocol.curve import KeyFile, PublicKeys, load_public_keys, load_secret_key_file
 
 DEFAULT_ADDRESS = "ipc:///tmp/pocserve/backend.ipc"
+# Frontends ping every 0.5 s by default: a timeout of two such periods is the least that is not a hair trigger.
+MIN_FRONTEND_TIMEOUT_S = 1.0
 
 OPTIONS: tuple[Option, ...] = (
     Option("address", "POCSERVE_BACKEND_ADDRESS", DEFAULT_ADDRESS,
@@ -23,6 +25,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("curve_clients_dir", "POCSERVE_CURVE_CLIENTS_DIR", "",
            "CURVE: directory of the authorised frontends' public key files (*.key), or one such file; any "
            "other peer is refused and logged"),
+    Option("frontend_timeout_s", "POCSERVE_FRONTEND_TIMEOUT_S", 5.0,
+           "a frontend (any peer) silent this long is forgotten and its generations are aborted; 0 = never. "
+           f"At least {MIN_FRONTEND_TIMEOUT_S:g} s; keep it several times the frontends' --ping-interval-s",
+           float),
     Option("model", "POCSERVE_MODEL", "models/tiny-qwen3", "local model directory"),
     Option("served_model_name", "POCSERVE_SERVED_MODEL_NAME", "",
            "model name clients use (default: the model path)"),
@@ -81,6 +87,7 @@ class BackendSettings:
     # Loaded and checked at start; both set or both None (CURVE off).
     curve_server_secret_key_file: KeyFile | None
     curve_clients_dir: PublicKeys | None
+    frontend_timeout_s: float
     model: Path
     served_model_name: str
     generate_model: str
@@ -141,6 +148,9 @@ def _check(s: BackendSettings) -> None:
     for name in ("result_ttl_s", "callback_interval_s", "stop_flush_timeout_s"):
         if getattr(s, name) < 0:
             raise SettingsError(f"--{name.replace('_', '-')} must be >= 0")
+    if s.frontend_timeout_s != 0 and not s.frontend_timeout_s >= MIN_FRONTEND_TIMEOUT_S:
+        raise SettingsError(f"--frontend-timeout-s / POCSERVE_FRONTEND_TIMEOUT_S must be 0 (off) or at least "
+                            f"{MIN_FRONTEND_TIMEOUT_S:g} s (two of the frontends' default 0.5 s ping periods)")
 
 
 def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> BackendSettings:

@@ -1,10 +1,11 @@
 """SocketServer over real ZMQ, no engine: bad frames are answered and counted, control messages are answered
-in the io thread, everything else reaches the inbox as a typed message."""
+in the io thread, everything else reaches the inbox as a typed message, and a silent peer is forgotten."""
 
 from __future__ import annotations
 
 import queue
 import random
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -14,6 +15,7 @@ import zmq
 
 from backend.control import ControlPlane
 from backend.ipc import BROADCAST, SocketServer
+from backend.peers import FrontendLost, PeerTable
 from protocol.codec import backend_codec, frontend_codec
 from protocol.common import Fingerprint
 from protocol.control import DeadEvent, ErrorReply, HelloRequest, PingRequest, PongReply, ReadyReply
@@ -45,11 +47,12 @@ class Harness:
 
 
 @pytest.fixture
-def harness(tmp_path) -> Iterator[Harness]:
+def harness(tmp_path, request) -> Iterator[Harness]:
+    """Parametrize indirectly with a frontend timeout in seconds (default 0: peers never expire)."""
     ctx = zmq.Context()
     address = f"ipc://{tmp_path}/backend.ipc"
     control, inbox = ControlPlane("inst-test"), queue.Queue()
-    server = SocketServer(ctx, address, inbox, control)
+    server = SocketServer(ctx, address, inbox, control, peers=PeerTable(getattr(request, "param", 0.0)))
     server.start()
     dealer = ctx.socket(zmq.DEALER)
     dealer.setsockopt(zmq.IDENTITY, DEALER_ID)
@@ -225,3 +228,35 @@ def test_backend_socket_send_reaches_peer_and_broadcast(harness):
     harness.server.send(DEALER_ID, DeadEvent(reason="direct"))
     harness.server.send(BROADCAST, DeadEvent(reason="everyone"))
     assert [harness.recv(), harness.recv()] == [DeadEvent(reason="direct"), DeadEvent(reason="everyone")]
+
+
+# Short for speed: the backend setting allows >= 1 s, the mechanism does not care.
+LOST_TIMEOUT_S = 0.4
+
+
+@pytest.mark.parametrize("harness", [LOST_TIMEOUT_S], indirect=True)
+def test_backend_socket_silent_peer_forgotten_then_back_on_its_next_ping(harness):
+    harness.control.fingerprint = _fingerprint()
+    harness.send_msg(HelloRequest(protocol_version=PROTOCOL_VERSION, frontend_id="fe-1"))
+    assert isinstance(harness.recv(), ReadyReply)
+    # Due after the timeout plus one sweep interval (a quarter of it); the wait leaves room for a busy machine.
+    identity, lost = harness.inbox.get(timeout=RECV_TIMEOUT_MS / 1000)
+    assert identity == DEALER_ID and isinstance(lost, FrontendLost)
+    assert lost.frontend_id == "fe-1" and LOST_TIMEOUT_S < lost.silent_s < RECV_TIMEOUT_MS / 1000
+    assert harness.control.frontends == {} and DEALER_ID not in harness.server.peers
+    assert harness.inbox.empty(), "reported more than once"
+
+    harness.send_msg(PingRequest(ping_id=1))  # a partition healed: it only pings, no new Hello
+    pong = harness.recv()
+    assert isinstance(pong, PongReply) and pong.stats.num_frontends == 1
+    assert harness.control.frontends == {DEALER_ID: "fe-1"} and DEALER_ID in harness.server.peers
+
+
+@pytest.mark.parametrize("harness", [LOST_TIMEOUT_S], indirect=True)
+def test_backend_socket_pinging_peer_is_never_forgotten(harness):
+    deadline = time.monotonic() + 4 * LOST_TIMEOUT_S
+    while time.monotonic() < deadline:
+        harness.send_msg(PingRequest(ping_id=1))
+        assert isinstance(harness.recv(), PongReply)
+        time.sleep(LOST_TIMEOUT_S / 4)
+    assert harness.inbox.empty() and DEALER_ID in harness.server.peers
