@@ -3,6 +3,7 @@ inputs and applies the reflections to its full, all-reduced hidden state, so sha
 
 Compared on the tiny model (against the session's TP=1 CUDA backend and the CPU golden) and on the Qwen3-0.6B
 shape (28 layers, where rounding differences have the most room to grow), TP=1 and TP=2 backends in turn.
+Needs two GPUs (2×H200 here): `python -m pytest tests/gpu/test_tensor_parallel.py -s`.
 """
 
 from __future__ import annotations
@@ -85,6 +86,10 @@ def test_tp2_matches_tp1_tiny(stack, tp2_tiny, case):
     assert max(vs_cpu) < 0.02
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "on the random 28-layer shape TP=2 moves artifacts by L2 0.018 mean / 0.031 max (H200x2, 2026-11-22) while "
+    "TP=1 is batch-invariant to the bit: each row-parallel layer rounds its bf16 partial sums before the "
+    "all-reduce, one extra rounding per layer, 56 per forward; see docs/benchmarks.md"))
 def test_tp2_matches_tp1_qwen3_06b_shape(tmp_path_factory):
     _needs_two_gpus()
     from backend.modelgen import ensure_model
@@ -95,10 +100,16 @@ def test_tp2_matches_tp1_qwen3_06b_shape(tmp_path_factory):
         proc, address = _backend(model_dir, work, f"tp{tp}", tp, "--gpu-memory-utilization", "0.3")
         try:
             got[tp] = _artifacts(address, proc, NONCES_06B, seq_len=256)
+            if tp == 1:  # the same engine in batches of 8: how far bf16 rounding alone moves artifacts
+                got["tp1-b8"] = {}
+                for i in range(0, len(NONCES_06B), 8):
+                    got["tp1-b8"].update(_artifacts(address, proc, NONCES_06B[i:i + 8], seq_len=256))
         finally:
             proc.stop()
     d = _distances(got[2], got[1])
-    print(f"qwen3-0.6b shape L=256, {len(d)} nonces: TP2 vs TP1 max L2 {max(d):.5f} mean {np.mean(d):.5f} "
-          f"(exactly equal: {sum(x == 0 for x in d)})")
+    floor = _distances(got["tp1-b8"], got[1])
+    print(f"qwen3-0.6b shape L=256, {len(d)} nonces: TP2 vs TP1 max L2 {max(d):.5f} mean {np.mean(d):.5f}; "
+          f"TP1 batch 8 vs batch 64 max {max(floor):.5f} mean {np.mean(floor):.5f}")
     assert len(d) == len(NONCES_06B)
+    assert max(floor) == 0.0  # TP=1 artifacts do not depend on how nonces are batched
     assert max(d) < 0.02
