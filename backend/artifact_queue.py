@@ -44,6 +44,10 @@ class ArtifactQueue:
         """Raises PocInputError (naming the field) for a job this engine cannot run."""
         self._runner.check(job)
 
+    def max_batch(self, seq_len: int) -> int:
+        """Nonces one forward takes at `seq_len` (a task with more runs as several forwards)."""
+        return self._runner.max_batch(seq_len)
+
     def submit(self, task: ArtifactTask) -> None:
         self._runner.check(task.job)
         self._tasks.append(task)

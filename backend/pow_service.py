@@ -11,7 +11,7 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import structlog
 
@@ -201,6 +201,9 @@ class PowService:
                                              spec.stronger_rng))
         except PocInputError as e:
             raise _Refused(_err(400, e.message, param=_param_path(e.field))) from e
+        # Each mining batch is materialised as a list of nonces: a client's batch_size of billions would exhaust
+        # memory. One forward takes at most max_batch nonces anyway, so taking more per batch gains nothing.
+        spec = replace(spec, batch_size=min(spec.batch_size, self.artifacts.max_batch(spec.seq_len)))
         mining = MiningRound(spec)
         if self.mode == "exclusive":
             # Order matters: gate on (no new chat) → abort in flight → start; any failure turns the gate off.

@@ -34,7 +34,9 @@ def error_response(status: int, message: str, *, param: str | None = None, type:
 
 
 def _param_of(loc: tuple) -> str | None:
-    parts = [str(p) for p in loc if p != "body"]
+    # A union adds the member that failed to the location (`function-after[...]`, `list[ContentPart]`): a type,
+    # not a step of the field's path.
+    parts = [str(p) for p in loc if p != "body" and "[" not in str(p)]
     return ".".join(parts) or None
 
 

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from frontend.fields import Text
+
+# msgspec encodes integers up to 64 bits: a bigger one must be a 400 here, not a 500 when the request is encoded
+# for the backend. Token ids are never negative.
+INT64_MAX = 2**63 - 1
+TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
 
 class _Strict(BaseModel):
@@ -14,13 +21,13 @@ class _Strict(BaseModel):
 
 class ContentPart(_Strict):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class Message(_Strict):
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
+    content: Text | list[ContentPart] | None = None
+    name: Text | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -31,8 +38,8 @@ class Message(_Strict):
 
 
 class JsonSchemaSpec(_Strict):
-    name: str = "response"
-    description: str | None = None
+    name: Text = "response"
+    description: Text | None = None
     schema_: dict[str, Any] = Field(alias="schema")
     strict: bool | None = None
 
@@ -48,8 +55,8 @@ class StreamOptions(_Strict):
 
 
 class EnforcedTokenItem(_Strict):
-    token: str
-    top_tokens: list[str] = []
+    token: Text
+    top_tokens: list[Text] = []
 
 
 class EnforcedTokens(_Strict):
@@ -57,25 +64,26 @@ class EnforcedTokens(_Strict):
 
 
 class _Sampling(_Strict):
-    model: str
+    model: Text
     n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1)
+    top_k: int | None = Field(None, ge=-1, le=INT64_MAX)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(1.0, gt=0.0)
+    # Bounded above only by finiteness: JSON bodies may carry Infinity, which vLLM refuses.
+    repetition_penalty: float = Field(1.0, gt=0.0, allow_inf_nan=False)
     seed: int | None = Field(None, ge=-(2**63), lt=2**63)
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] = []
+    stop: Text | list[Text] | None = None
+    stop_token_ids: list[TokenId] = []
     ignore_eos: bool = False
-    min_tokens: int = Field(0, ge=0)
+    min_tokens: int = Field(0, ge=0, le=INT64_MAX)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    user: str | None = None
+    user: Text | None = None
     logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] | None = None
 
     @field_validator("stop")
@@ -91,18 +99,18 @@ class _Sampling(_Strict):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
     enforced_tokens: EnforcedTokens | None = None
-    enforced_str: str | None = None
+    enforced_str: Text | None = None
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str]
-    max_tokens: int | None = Field(16, ge=1)
+    prompt: Text | list[Text]
+    max_tokens: int | None = Field(16, ge=1, le=INT64_MAX)
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: Literal[False] = False
     suffix: None = None

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from frontend.fields import Text
 from protocol.poc import Artifact
 from protocol.pow import (
     NodeIdentity, PowGenerateRequest, PowInitRequest, PowParams, StatTestSpec,
@@ -30,7 +31,7 @@ class PoCParamsModel(BaseModel):
     # Extra keys are forbidden (the fork's behaviour): 400 naming the key, e.g. `params.poc_stronger_rng`.
     model_config = ConfigDict(extra="forbid")
 
-    model: str
+    model: Text
     seq_len: Count
     k_dim: Count = 12
 
@@ -43,17 +44,17 @@ class _NodeBody(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    block_hash: str
+    block_hash: Text
     # Only echoed (in /status and callbacks).
     block_height: Int64
-    public_key: str
+    public_key: Text
     node_id: Index
     node_count: Count
     params: PoCParamsModel
     # None: the frontend's batch_size_default setting (POC_BATCH_SIZE_DEFAULT) fills it in.
     batch_size: Count | None = None
     # Callback base URL; None: nothing is delivered.
-    url: str | None = None
+    url: Text | None = None
     # Top level, not inside params (params forbids extra keys).
     poc_stronger_rng: bool = False
 
@@ -88,7 +89,7 @@ class InitGenerateRequest(_NodeBody):
 
 class ArtifactModel(BaseModel):
     nonce: Int64
-    vector_b64: str
+    vector_b64: Text
 
 
 class ValidationModel(BaseModel):

@@ -7,6 +7,7 @@ import json
 from vllm import SamplingParams
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
+from backend.engine import compat
 from backend.errors import RequestError
 from protocol.generate import GenerateRequest, SamplingSpec
 from sampling.enforced import ENFORCED_KEY, MODE_KEY
@@ -15,6 +16,10 @@ from sampling.enforced_input import (
 )
 
 MAX_TOP_LOGPROBS = 20
+
+# What SamplingParams raises for out-of-range arguments: ValueError on 0.26, VLLMValidationError (not a
+# ValueError) on 0.29.
+_ARGUMENT_ERRORS = compat.input_error_types()
 
 
 def render_prompt(tokenizer, req: GenerateRequest) -> list[int]:
@@ -123,8 +128,8 @@ def sampling_params(spec: SamplingSpec, max_tokens: int, stream: bool, vocab: Vo
             structured_outputs=_structured(spec), extra_args=extra,
             output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
         )
-    except ValueError as e:  # vLLM's own argument checks (ranges of temperature, top_p, ...)
-        raise RequestError(str(e), param=_guess_param(str(e))) from e
+    except _ARGUMENT_ERRORS as e:  # vLLM's own argument checks (ranges of temperature, top_p, min_tokens, ...)
+        raise RequestError(str(e), param=getattr(e, "parameter", None) or _guess_param(str(e))) from e
 
 
 def _guess_param(message: str) -> str | None:

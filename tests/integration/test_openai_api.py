@@ -113,9 +113,20 @@ def test_models_lists_served_model(client, stack):
     ({"messages": [{"role": "user", "content": "hi"}],
       "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "bogus"}}}},
      "response_format"),
+    # Found by the schemathesis sweep (test_http_sweep.py) or next to it; each was a 500 before.
+    ({"messages": [{"role": "user", "content": "hi"}], "stop_token_ids": [2**64]}, "stop_token_ids.0"),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_k": 2**64}, "top_k"),
+    ({"messages": [{"role": "user", "content": "hi"}], "min_tokens": 2**64}, "min_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "min_tokens": 5}, "min_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "repetition_penalty": float("inf")}, "repetition_penalty"),
+    ({"messages": [{"role": "user", "content": "\ud800"}]}, "messages.0.content"),
+    ({"messages": [{"role": "user", "content": "hi"}], "enforced_str": "\ud800"}, "enforced_str"),
+    ({"messages": [{"role": "user", "content": "hi"}], "model": "\udfff"}, "model"),
 ])
 def test_chat_bad_input_is_400_naming_param(stack, body, param):
-    r = httpx.post(f"{stack.base_url}/v1/chat/completions", json={"model": stack.model, **body}, timeout=30)
+    # json.dumps, not httpx's encoder: the body may carry Infinity or an escaped lone surrogate ("\ud800").
+    r = httpx.post(f"{stack.base_url}/v1/chat/completions", content=json.dumps({"model": stack.model, **body}),
+                   headers={"content-type": "application/json"}, timeout=30)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param, err

@@ -187,6 +187,27 @@ def test_init_twice_is_409_already_generating(pow_url):
     assert stop(pow_url) == {"status": "OK", "pow_status": {"status": "STOPPED"}}  # stop when idle: still 200
 
 
+def test_init_with_a_huge_batch_size_mines_in_engine_sized_batches(pow_url):
+    # Each mining batch was a list of batch_size nonces built at once: the sweep (test_http_sweep.py) sent ~4e9 and
+    # the backend was OOM-killed. Batches are now capped at what one forward takes, so progress shows at once.
+    try:
+        assert init(pow_url, batch_size=10**6).status_code == 200
+        wait_until(lambda: status(pow_url)["stats"]["total_processed"], timeout_s=30, what="mining progress")
+    finally:
+        stop(pow_url)
+    assert status(pow_url)["status"] == "IDLE"
+
+
+def test_text_with_a_lone_surrogate_is_400(pow_url):
+    # JSON may escape a lone UTF-16 surrogate ("\ud800"), which nothing can encode as UTF-8 (it was a 500).
+    for path, extra in (("init/generate", {}), ("generate", {"nonces": [1], "wait": True})):
+        body = {**node(block_hash="\ud800"), "params": params(16), **extra}
+        r = httpx.post(f"{pow_url}/{path}", content=json.dumps(body), headers={"content-type": "application/json"},
+                       timeout=30)
+        assert_error(r, 400, param="block_hash")
+    assert status(pow_url)["status"] == "IDLE"
+
+
 # --- bearer token, two frontends ---
 
 def test_bearer_token_guards_only_the_pow_routes(token_frontend):

@@ -33,6 +33,11 @@ def _loc_of_rejection(model, body: dict) -> tuple:
     ({"url": "http://"}, ("url",)),
     ({"block_height": 2**64}, ("block_height",)),
     ({"block_hash": None}, ("block_hash",)),
+    # A lone UTF-16 surrogate ("\ud800" in JSON) cannot be encoded as UTF-8 for the backend (was a 500).
+    ({"block_hash": "\ud800"}, ("block_hash",)),
+    ({"public_key": "02\udfff"}, ("public_key",)),
+    ({"params": {"model": "\ud800", "seq_len": 8}}, ("params", "model")),
+    ({"url": "http://dapi/\ud800"}, ("url",)),
 ], ids=lambda v: str(v))
 def test_pow_models_init_rejects(change, loc):
     assert _loc_of_rejection(InitGenerateRequest, {**NODE, "params": PARAMS, **change}) == loc
@@ -52,6 +57,8 @@ def test_pow_models_init_rejects(change, loc):
     ({"validation": {"artifacts": [{"nonce": 5}]}}, ("validation", "artifacts", 0, "vector_b64")),
     ({"validation": {}}, ("validation", "artifacts")),
     ({"url": "file:///etc/passwd"}, ("url",)),
+    ({"validation": {"artifacts": [{"nonce": 5, "vector_b64": "\ud800"}]}},
+     ("validation", "artifacts", 0, "vector_b64")),
 ], ids=lambda v: str(v))
 def test_pow_models_generate_rejects(change, loc):
     assert _loc_of_rejection(GenerateRequest, {**NODE, "params": PARAMS, "nonces": [5], **change}) == loc
