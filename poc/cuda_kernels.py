@@ -16,14 +16,12 @@ rounding of the product, which changed about 5% of the reflected bf16 values.
 Used only for CUDA tensors when Triton imports (`available()`); POCSERVE_POC_TRITON=0 turns them off.
 """
 
-
 import functools
 import os
 
 import torch
 
 MAX_FUSED_HIDDEN = 16384
-
 
 try:  # a CPU build of torch ships a Triton without GPU backends: importable, never used here
     import triton
