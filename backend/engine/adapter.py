@@ -20,7 +20,9 @@ from vllm.v1.engine.llm_engine import LLMEngine  # noqa: E402
 from backend.engine.outputs import to_delta  # noqa: E402
 from backend.engine.poc import PocRunner  # noqa: E402
 from backend.engine.stats import RecorderFactory  # noqa: E402
-from backend.engine.params import Vocab, check_lengths, render_prompt, sampling_params  # noqa: E402
+from backend.engine.params import (  # noqa: E402
+    Vocab, check_lengths, max_token_bytes, render_prompt, sampling_params,
+)
 from sampling import grammar as tolerant_grammars  # noqa: E402
 from sampling.enforced import ENFORCED_KEY, MODE_KEY  # noqa: E402
 from backend.errors import RequestError  # noqa: E402
@@ -86,6 +88,7 @@ class Engine:
         self.vocab = Vocab(self.tokenizer, int(self.llm.model_config.get_vocab_size()))
         self.poc = PocRunner(self.llm, settings.max_num_seqs, settings.max_num_batched_tokens)
         self.max_model_len = int(self.llm.model_config.max_model_len)
+        self.bytes_per_token = max_token_bytes(self.tokenizer)
         log.info("engine_ready", model=str(settings.model), vllm_version=vllm.__version__,
                  block_size=compat.block_size(self.llm), elapsed_s=round(time.monotonic() - started, 1))
         self._tracked: dict[str, _Tracked] = {}
@@ -106,7 +109,7 @@ class Engine:
     def add(self, engine_rid: str, req: GenerateRequest) -> None:
         """Validates and queues one request; raises RequestError for client mistakes."""
         prompt_param = "messages" if req.messages is not None else "prompt"
-        prompt_ids = render_prompt(self.tokenizer, req)
+        prompt_ids = render_prompt(self.tokenizer, req, self.max_model_len, self.bytes_per_token)
         max_tokens = check_lengths(len(prompt_ids), req.sampling, self.max_model_len, prompt_param)
         params = sampling_params(req.sampling, max_tokens, req.stream, self.vocab, self.settings.logprobs_mode)
         if params.extra_args and not self.settings.enforced_sampling:

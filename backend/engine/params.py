@@ -22,11 +22,38 @@ MAX_TOP_LOGPROBS = 20
 _ARGUMENT_ERRORS = compat.input_error_types()
 
 
-def render_prompt(tokenizer, req: GenerateRequest) -> list[int]:
-    """Prompt token ids: chat messages through the model's chat template, or a raw completion prompt."""
+# A raw vocabulary string is never shorter, in UTF-8 bytes, than the text its token stands for (byte-level BPE
+# writes one character per byte, SentencePiece "▁" for a space, byte fallback "<0x0A>" for one byte); the slack
+# covers Unicode normalisation, which can shorten text before it is split.
+_NORMALISATION_SLACK = 4
+
+
+def max_token_bytes(tokenizer) -> int:
+    """An upper bound on the UTF-8 bytes of text that one token can stand for."""
+    return _NORMALISATION_SLACK * max(len(t.encode("utf-8")) for t in tokenizer.get_vocab())
+
+
+def _check_text_fits(text: str, max_model_len: int, bytes_per_token: int, param: str) -> None:
+    """Refuses, without tokenizing, text that cannot fit in max_model_len tokens (tokenizing tens of MB takes
+    seconds on the engine thread, which everything else waits for)."""
+    limit = max_model_len * bytes_per_token
+    if len(text) > limit or len(text.encode("utf-8", "surrogatepass")) > limit:
+        raise RequestError(f"This model's maximum context length is {max_model_len} tokens; {param} is far "
+                           f"longer ({len(text)} characters)", param=param)
+
+
+def render_prompt(tokenizer, req: GenerateRequest, max_model_len: int | None = None,
+                  bytes_per_token: int | None = None) -> list[int]:
+    """Prompt token ids: chat messages through the model's chat template, or a raw completion prompt.
+
+    With max_model_len and bytes_per_token (max_token_bytes), text that cannot fit is refused before the
+    tokenizer runs."""
+    bounded = max_model_len is not None and bytes_per_token is not None
     if req.messages is not None:
         if not req.messages:
             raise RequestError("messages must not be empty", param="messages")
+        if bounded:
+            _check_text_fits("".join(m.content for m in req.messages), max_model_len, bytes_per_token, "messages")
         conversation = [{"role": m.role, "content": m.content} for m in req.messages]
         try:
             text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
@@ -35,6 +62,8 @@ def render_prompt(tokenizer, req: GenerateRequest) -> list[int]:
         return list(tokenizer.encode(text, add_special_tokens=False))
     if req.prompt is None:
         raise RequestError("either messages or prompt is required", param="prompt")
+    if bounded:
+        _check_text_fits(req.prompt, max_model_len, bytes_per_token, "prompt")
     return list(tokenizer.encode(req.prompt, add_special_tokens=True))
 
 

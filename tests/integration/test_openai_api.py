@@ -133,6 +133,19 @@ def test_chat_bad_input_is_400_naming_param(stack, body, param):
     assert err["code"] == 400 and err["message"]
 
 
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x " * 1_000_000}]}, "messages"),
+    ("/v1/completions", {"prompt": "x " * 1_000_000}, "prompt"),
+])
+def test_text_that_cannot_fit_is_refused_before_tokenizing(stack, path, body, param):
+    # 2 MB against a 1024-token context: refused by the size bound (its message says "far longer"), not by
+    # tokenizing it on the engine thread first.
+    r = httpx.post(f"{stack.base_url}{path}", json={"model": stack.model, **body}, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and "far longer" in err["message"], err
+
+
 def test_chat_invalid_json_body_is_400(stack):
     r = httpx.post(f"{stack.base_url}/v1/chat/completions", content=b"{not json",
                    headers={"content-type": "application/json"}, timeout=10)

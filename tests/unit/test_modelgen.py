@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Qwen2TokenizerFast
 
@@ -172,3 +174,13 @@ def test_main_cli_prints_only_the_model_path(tmp_path: Path) -> None:
 def test_generate_model_rejects_unknown_shape(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown shape"):
         modelgen.generate_model(tmp_path / "x", "qwen3-72b", 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(min_size=1, max_size=200))
+def test_token_byte_bound_holds_for_any_text(tokenizer, text) -> None:
+    """The prompt size pre-check (backend/engine/params.py) may only refuse text that cannot fit."""
+    pytest.importorskip("vllm")
+    from backend.engine.params import max_token_bytes
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert len(text.encode("utf-8", "surrogatepass")) <= max(1, len(ids)) * max_token_bytes(tokenizer)
