@@ -21,7 +21,7 @@ from backend.engine.outputs import to_delta  # noqa: E402
 from backend.engine.poc import PocRunner  # noqa: E402
 from backend.engine.stats import RecorderFactory  # noqa: E402
 from backend.engine.params import (  # noqa: E402
-    Vocab, check_lengths, max_token_bytes, render_prompt, sampling_params,
+    Vocab, check_lengths, render_prompt, sampling_params,
 )
 from sampling import grammar as tolerant_grammars  # noqa: E402
 from sampling.enforced import ENFORCED_KEY, MODE_KEY  # noqa: E402
@@ -85,10 +85,9 @@ class Engine:
         if settings.enforced_sampling:
             self.llm.collective_rpc("install_enforced_sampling")
             tolerant_grammars.install(compat.engine_core(self.llm).structured_output_manager)
-        self.vocab = Vocab(self.tokenizer, int(self.llm.model_config.get_vocab_size()))
-        self.poc = PocRunner(self.llm, settings.max_num_seqs, settings.max_num_batched_tokens)
         self.max_model_len = int(self.llm.model_config.max_model_len)
-        self.bytes_per_token = max_token_bytes(self.tokenizer)
+        self.vocab = Vocab(self.tokenizer, int(self.llm.model_config.get_vocab_size()), self.max_model_len)
+        self.poc = PocRunner(self.llm, settings.max_num_seqs, settings.max_num_batched_tokens)
         log.info("engine_ready", model=str(settings.model), vllm_version=vllm.__version__,
                  block_size=compat.block_size(self.llm), elapsed_s=round(time.monotonic() - started, 1))
         self._tracked: dict[str, _Tracked] = {}
@@ -109,7 +108,7 @@ class Engine:
     def add(self, engine_rid: str, req: GenerateRequest) -> None:
         """Validates and queues one request; raises RequestError for client mistakes."""
         prompt_param = "messages" if req.messages is not None else "prompt"
-        prompt_ids = render_prompt(self.tokenizer, req, self.max_model_len, self.bytes_per_token)
+        prompt_ids = render_prompt(self.tokenizer, req, self.max_model_len, self.vocab.bytes_per_token)
         max_tokens = check_lengths(len(prompt_ids), req.sampling, self.max_model_len, prompt_param)
         params = sampling_params(req.sampling, max_tokens, req.stream, self.vocab, self.settings.logprobs_mode)
         if params.extra_args and not self.settings.enforced_sampling:

@@ -107,10 +107,12 @@ def _structured(spec: SamplingSpec) -> StructuredOutputsParams | None:
 class Vocab:
     """What enforced-token decoding needs from the tokenizer."""
 
-    def __init__(self, tokenizer, vocab_size: int) -> None:
+    def __init__(self, tokenizer, vocab_size: int, max_model_len: int | None = None) -> None:
         self.tokenizer = tokenizer
         self.size = vocab_size
         self.eos_id = int(tokenizer.eos_token_id)
+        self.max_model_len = max_model_len
+        self.bytes_per_token = max_token_bytes(tokenizer) if max_model_len else None
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -119,6 +121,8 @@ class Vocab:
 def _enforced(spec: SamplingSpec, vocab: Vocab) -> EnforcedSequence | None:
     """enforced_str wins over enforced_tokens (spec §4.1)."""
     if spec.enforced_str is not None:
+        if vocab.max_model_len:  # it becomes at most max_model_len tokens; don't tokenize a huge one to find out
+            _check_text_fits(spec.enforced_str, vocab.max_model_len, vocab.bytes_per_token, "enforced_str")
         return decode_enforced_str(spec.enforced_str, vocab.encode, vocab.eos_id)
     if spec.enforced_tokens is not None:
         tokens = [{"token": t.token, "top_tokens": list(t.top_tokens)} for t in spec.enforced_tokens]

@@ -136,6 +136,8 @@ def test_chat_bad_input_is_400_naming_param(stack, body, param):
 @pytest.mark.parametrize(("path", "body", "param"), [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x " * 1_000_000}]}, "messages"),
     ("/v1/completions", {"prompt": "x " * 1_000_000}, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "enforced_str": "x " * 1_000_000},
+     "enforced_str"),
 ])
 def test_text_that_cannot_fit_is_refused_before_tokenizing(stack, path, body, param):
     # 2 MB against a 1024-token context: refused by the size bound (its message says "far longer"), not by
