@@ -348,4 +348,3 @@ class BackendClient:
         self.fingerprint = fp
         log.info("backend_handshake", **msgspec.structs.asdict(fp))
         self._alive.set()
-
