@@ -108,7 +108,7 @@ class Engine:
     def add(self, engine_rid: str, req: GenerateRequest) -> None:
         """Validates and queues one request; raises RequestError for client mistakes."""
         prompt_param = "messages" if req.messages is not None else "prompt"
-        prompt_ids = render_prompt(self.tokenizer, req, self.max_model_len, self.vocab.bytes_per_token)
+        prompt_ids = render_prompt(self.vocab, req)
         max_tokens = check_lengths(len(prompt_ids), req.sampling, self.max_model_len, prompt_param)
         params = sampling_params(req.sampling, max_tokens, req.stream, self.vocab, self.settings.logprobs_mode)
         if params.extra_args and not self.settings.enforced_sampling:

@@ -33,27 +33,15 @@ def max_token_bytes(tokenizer) -> int:
     return _NORMALISATION_SLACK * max(len(t.encode("utf-8")) for t in tokenizer.get_vocab())
 
 
-def _check_text_fits(text: str, max_model_len: int, bytes_per_token: int, param: str) -> None:
-    """Refuses, without tokenizing, text that cannot fit in max_model_len tokens (tokenizing tens of MB takes
-    seconds on the engine thread, which everything else waits for)."""
-    limit = max_model_len * bytes_per_token
-    if len(text) > limit or len(text.encode("utf-8", "surrogatepass")) > limit:
-        raise RequestError(f"This model's maximum context length is {max_model_len} tokens; {param} is far "
-                           f"longer ({len(text)} characters)", param=param)
-
-
-def render_prompt(tokenizer, req: GenerateRequest, max_model_len: int | None = None,
-                  bytes_per_token: int | None = None) -> list[int]:
+def render_prompt(vocab: Vocab, req: GenerateRequest) -> list[int]:
     """Prompt token ids: chat messages through the model's chat template, or a raw completion prompt.
 
-    With max_model_len and bytes_per_token (max_token_bytes), text that cannot fit is refused before the
-    tokenizer runs."""
-    bounded = max_model_len is not None and bytes_per_token is not None
+    Text that cannot fit in the context is refused before the tokenizer runs."""
+    tokenizer = vocab.tokenizer
     if req.messages is not None:
         if not req.messages:
             raise RequestError("messages must not be empty", param="messages")
-        if bounded:
-            _check_text_fits("".join(m.content for m in req.messages), max_model_len, bytes_per_token, "messages")
+        vocab.check_fits("".join(m.content for m in req.messages), "messages")
         conversation = [{"role": m.role, "content": m.content} for m in req.messages]
         try:
             text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
@@ -62,8 +50,7 @@ def render_prompt(tokenizer, req: GenerateRequest, max_model_len: int | None = N
         return list(tokenizer.encode(text, add_special_tokens=False))
     if req.prompt is None:
         raise RequestError("either messages or prompt is required", param="prompt")
-    if bounded:
-        _check_text_fits(req.prompt, max_model_len, bytes_per_token, "prompt")
+    vocab.check_fits(req.prompt, "prompt")
     return list(tokenizer.encode(req.prompt, add_special_tokens=True))
 
 
@@ -105,24 +92,31 @@ def _structured(spec: SamplingSpec) -> StructuredOutputsParams | None:
 
 
 class Vocab:
-    """What enforced-token decoding needs from the tokenizer."""
+    """The tokenizer facts requests are checked against (enforced tokens, prompt size)."""
 
-    def __init__(self, tokenizer, vocab_size: int, max_model_len: int | None = None) -> None:
+    def __init__(self, tokenizer, vocab_size: int, max_model_len: int) -> None:
         self.tokenizer = tokenizer
         self.size = vocab_size
         self.eos_id = int(tokenizer.eos_token_id)
         self.max_model_len = max_model_len
-        self.bytes_per_token = max_token_bytes(tokenizer) if max_model_len else None
+        self.max_text_bytes = max_model_len * max_token_bytes(tokenizer)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def check_fits(self, text: str, param: str) -> None:
+        """Refuses, without tokenizing, text that cannot fit in max_model_len tokens (tokenizing tens of MB
+        takes seconds on the engine thread, which everything else waits for)."""
+        limit = self.max_text_bytes
+        if len(text) > limit or len(text.encode("utf-8", "surrogatepass")) > limit:
+            raise RequestError(f"This model's maximum context length is {self.max_model_len} tokens; {param} is "
+                               f"far longer ({len(text)} characters)", param=param)
 
 
 def _enforced(spec: SamplingSpec, vocab: Vocab) -> EnforcedSequence | None:
     """enforced_str wins over enforced_tokens (spec §4.1)."""
     if spec.enforced_str is not None:
-        if vocab.max_model_len:  # it becomes at most max_model_len tokens; don't tokenize a huge one to find out
-            _check_text_fits(spec.enforced_str, vocab.max_model_len, vocab.bytes_per_token, "enforced_str")
+        vocab.check_fits(spec.enforced_str, "enforced_str")  # it becomes at most max_model_len tokens
         return decode_enforced_str(spec.enforced_str, vocab.encode, vocab.eos_id)
     if spec.enforced_tokens is not None:
         tokens = [{"token": t.token, "top_tokens": list(t.top_tokens)} for t in spec.enforced_tokens]
