@@ -10,6 +10,7 @@ import os
 import queue
 import signal
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import zmq
 
 from backend.control import ControlPlane
 from backend.curve import CurveGate
-from backend.ipc import BROADCAST, SocketServer
+from backend.ipc import SocketServer, shut_down
 from backend.peers import PeerTable
 from backend.settings import BackendSettings, load_settings
 from backend.store import StoreError
@@ -28,6 +29,10 @@ from protocol.control import DeadEvent
 from protocol.logs import configure_logging
 
 log = structlog.get_logger("backend")
+
+# After the engine died: how long the socket stays up answering every frame with the dead sentinel (see
+# SocketServer.send_dead), two pings at the frontends' default interval.
+_DEAD_LINGER_S = 1.0
 
 
 def _prepare_address(address: str) -> None:
@@ -44,7 +49,7 @@ def serve(settings: BackendSettings) -> int:
     except StoreError as e:
         log.error("state_store_unusable", error=str(e))
         return 2
-    ctx = zmq.Context.instance()
+    ctx = zmq.Context()  # ours alone: shut_down terminates it
     inbox: queue.Queue = queue.Queue()
     control = ControlPlane(instance_id=uuid.uuid4().hex)
     _prepare_address(settings.address)
@@ -79,10 +84,11 @@ def serve(settings: BackendSettings) -> int:
         return 0
     except Exception as e:
         log.exception("engine_dead", error=str(e))
-        server.send(BROADCAST, DeadEvent(reason=f"engine failed: {e}"[:500]))
+        server.send_dead(DeadEvent(reason=f"engine failed: {e}"[:500]))
+        time.sleep(_DEAD_LINGER_S)
         return 1
     finally:
-        server.stop()
+        shut_down(server, ctx)
         if loop is not None and loop.pow is not None:
             loop.pow.callbacks.close()  # before the store: acknowledged rows must still be deleted
         store.close()

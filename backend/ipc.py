@@ -25,7 +25,7 @@ from backend.control import ControlPlane
 from backend.curve import CurveGate
 from backend.peers import FrontendLost, PeerTable
 from protocol.common import ErrorInfo
-from protocol.control import ErrorReply, HelloRequest, PingRequest
+from protocol.control import DeadEvent, ErrorReply, HelloRequest, PingRequest
 
 log = structlog.get_logger(__name__)
 
@@ -75,6 +75,7 @@ class SocketServer:
         # Every identity heard from (BROADCAST targets), with its last-seen time; default: never expires.
         self.peers = peers if peers is not None else PeerTable(timeout_s=0.0)
         self.num_rejected_frames = 0
+        self.dead: DeadEvent | None = None
         self._threads = [
             threading.Thread(target=self._io_loop, name="zmq-io", daemon=True),
             threading.Thread(target=self._encode_loop, name="zmq-encode", daemon=True),
@@ -90,6 +91,13 @@ class SocketServer:
     def send(self, identity: bytes, msg: msgspec.Struct) -> None:
         """Thread-safe; BROADCAST sends to every peer seen so far."""
         self.outbox.put((identity, msg))
+
+    def send_dead(self, event: DeadEvent) -> None:
+        """Broadcasts the dead sentinel and from now on answers every frame with it. libzmq discards what a
+        frontend has not read yet when the connection closes (its DEALER is IMMEDIATE), so a sentinel sent just
+        before the exit could vanish; frontends ping every 0.5 s, and the answers reach them while we linger."""
+        self.dead = event
+        self.send(BROADCAST, event)
 
     def stop(self, flush_timeout_s: float = 2.0) -> None:
         """Sends what is queued (bounded by flush_timeout_s), then closes the sockets."""
@@ -164,6 +172,9 @@ class SocketServer:
     def _on_frames(self, router: zmq.Socket, codec, frames: list) -> None:
         identity = frames[0].bytes
         self.peers.seen(identity)
+        if self.dead is not None:
+            router.send_multipart([identity, codec.encode(self.dead)])
+            return
         if len(frames) != 2:
             self._reject(router, codec, identity, f"expected 1 payload frame, got {len(frames) - 1}")
             return
@@ -173,8 +184,9 @@ class SocketServer:
             self._reject(router, codec, identity, f"malformed frame: {e}")
             return
         if isinstance(msg, PingRequest):
-            pong = self.control.on_ping(identity, msg, num_rejected_frames=self.num_rejected_frames,
-                                        outbox_depth=self.outbox.qsize())
+            pong = self.control.on_ping(
+                identity, msg, num_rejected_frames=self.num_rejected_frames, outbox_depth=self.outbox.qsize(),
+                num_refused_handshakes=self._gate.num_refused_handshakes if self._gate is not None else 0)
             router.send_multipart([identity, codec.encode(pong)])
         elif isinstance(msg, HelloRequest):
             if (ready := self.control.on_hello(identity, msg)) is not None:
@@ -200,3 +212,11 @@ class SocketServer:
             log.warning("frame_rejected", reason=reason[:200], num_rejected=self.num_rejected_frames)
         reply = ErrorReply(error=ErrorInfo(status=400, message=reason[:500], type="BadRequestError"))
         router.send_multipart([identity, codec.encode(reply)])
+
+
+def shut_down(server: SocketServer, ctx: zmq.Context) -> None:
+    """Stops `server`, then terminates `ctx`, which must be its own: term() blocks (up to the ROUTER's linger)
+    until queued frames are on the wire. Closing a socket only hands them to libzmq's I/O thread, so a process
+    that exits right after (os._exit) lost its last frames, the dead sentinel among them, now and then."""
+    server.stop()
+    ctx.term()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import queue
 import random
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -230,6 +232,19 @@ def test_backend_socket_send_reaches_peer_and_broadcast(harness):
     assert [harness.recv(), harness.recv()] == [DeadEvent(reason="direct"), DeadEvent(reason="everyone")]
 
 
+def test_backend_socket_after_send_dead_every_frame_gets_the_sentinel(harness):
+    harness.send_msg(PingRequest(ping_id=1))
+    assert isinstance(harness.recv(), PongReply)
+    dead = DeadEvent(reason="engine failed: boom")
+    harness.server.send_dead(dead)
+    assert harness.recv() == dead  # the broadcast
+    harness.send_msg(PingRequest(ping_id=2))
+    harness.send_msg(_generate())
+    harness.send(b"\xc1garbage")
+    assert [harness.recv() for _ in range(3)] == [dead] * 3
+    assert harness.inbox.empty()
+
+
 # Short for speed: the backend setting allows >= 1 s, the mechanism does not care.
 LOST_TIMEOUT_S = 0.4
 
@@ -260,3 +275,46 @@ def test_backend_socket_pinging_peer_is_never_forgotten(harness):
         assert isinstance(harness.recv(), PongReply)
         time.sleep(LOST_TIMEOUT_S / 4)
     assert harness.inbox.empty() and DEALER_ID in harness.server.peers
+
+
+# A child that answers one ping, queues a large last frame and exits at once, like a backend whose engine died.
+_EXIT_AFTER_LAST_FRAME = """
+import os, queue, sys, time
+import zmq
+from backend.control import ControlPlane
+from backend.ipc import BROADCAST, SocketServer, shut_down
+from protocol.control import DeadEvent
+ctx = zmq.Context()
+inbox = queue.Queue()
+server = SocketServer(ctx, sys.argv[1], inbox, ControlPlane("inst-exit"))
+server.start()
+while sys.argv[2].encode() not in server.peers:
+    time.sleep(0.01)
+server.send(BROADCAST, DeadEvent(reason="x" * 100_000_000))
+shut_down(server, ctx)
+os._exit(1)
+"""
+
+
+def test_backend_socket_last_frame_reaches_peer_before_exit(tmp_path):
+    """The dead sentinel is the last frame before os._exit; it used to be lost when libzmq had not written it."""
+    address = f"ipc://{tmp_path}/exit.ipc"
+    child = subprocess.Popen([sys.executable, "-c", _EXIT_AFTER_LAST_FRAME, address, DEALER_ID.decode()],
+                             stdout=subprocess.DEVNULL)
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.IDENTITY, DEALER_ID)
+    dealer.setsockopt(zmq.LINGER, 0)
+    try:
+        dealer.connect(address)  # queued until the child binds
+        dealer.send(frontend_codec().encode(PingRequest(ping_id=1)))
+        assert dealer.poll(30_000), "no pong"
+        assert isinstance(frontend_codec().decode(dealer.recv()), PongReply)
+        assert child.wait(30) == 1
+        assert dealer.poll(5_000), "the last frame was lost at exit"
+        last = frontend_codec().decode(dealer.recv())
+        assert isinstance(last, DeadEvent) and len(last.reason) == 100_000_000
+    finally:
+        dealer.close()
+        ctx.term()
+        child.kill()
