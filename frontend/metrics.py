@@ -23,6 +23,17 @@ class BackendCollector:
         up = GaugeMetricFamily("pocserve_backend_up", "1 while the backend answers pings")
         up.add_metric([], 1.0 if stats is not None else 0.0)
         yield up
+        # This frontend's own view of the link, reported while the backend is down too (that is when it matters).
+        refusals = self._client.refusals
+        for name, doc, value in (
+            ("pocserve_frontend_curve_refusals", "This frontend's CURVE handshakes the backend refused.",
+             refusals.num_refused if refusals is not None else 0),
+            ("pocserve_backend_malformed_replies", "Backend replies this frontend could not decode.",
+             self._client.num_malformed_replies),
+        ):
+            c = CounterMetricFamily(name, doc)
+            c.add_metric([], float(value))
+            yield c
         if stats is None:
             return
         for name, doc, value in (
@@ -51,6 +62,8 @@ class BackendCollector:
             ("pocserve_backend_rejected_frames", "Malformed frames the backend dropped.",
              stats.num_rejected_frames),
             ("pocserve_backend_aborted_requests", "Requests aborted in the engine.", stats.num_aborted_requests),
+            ("pocserve_backend_curve_refusals", "CURVE handshakes the backend refused, from any peer.",
+             stats.num_refused_handshakes),
             ("pocserve_poc_nonces", "PoC nonces computed (mining and jobs).", stats.num_poc_nonces),
             ("pocserve_poc_validations", "PoC validation jobs completed.", stats.num_validations),
             ("pocserve_callbacks_delivered", "Callbacks delivered.", stats.num_callbacks_delivered),

@@ -77,3 +77,5 @@ class BackendStats(msgspec.Struct, kw_only=True):
     is_engine_ready: bool = False
     # Seconds since the engine thread last published stats; grows only if the engine loop is stuck.
     engine_heartbeat_age_s: float = 0.0
+    # CURVE handshakes the backend refused (unknown key, plaintext peer); 0 without CURVE.
+    num_refused_handshakes: int = 0

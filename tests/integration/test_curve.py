@@ -211,6 +211,14 @@ def _assert_refused_over_http(fe: Frontend) -> None:
     assert r.status_code == 503, r.text
 
 
+def _metric(base_url: str, name: str) -> float:
+    """One unlabelled sample of a frontend's /metrics."""
+    for line in httpx.get(f"{base_url}/metrics", timeout=5).text.splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in {base_url}/metrics")
+
+
 def _status(url: str) -> int | None:
     try:
         return httpx.get(url, timeout=1).status_code
@@ -238,6 +246,10 @@ def test_curve_unknown_key_is_refused_logged_and_counted(curve, keys):
     said = wait_for(lambda: _events(curve.rogue.proc, "backend_handshake_refused"), what="the frontend's log")
     assert said[0]["public_key"] == rogue_key and "does not authorise" in said[0]["reason"]
     assert curve.rogue.proc.proc.poll() is None and curve.backend.proc.poll() is None
+    # Counted in /metrics too: by the refused frontend itself, and by the backend (seen through a good frontend).
+    assert _metric(curve.rogue.url, "pocserve_frontend_curve_refusals_total") >= 1
+    wait_for(lambda: _metric(curve.good.url, "pocserve_backend_curve_refusals_total") >= 1,
+             what="the backend's refusals in the good frontend's /metrics")
 
 
 def test_curve_plaintext_frontend_is_refused_and_backend_keeps_serving(curve):
