@@ -11,6 +11,7 @@ from frontend.backend_client import BackendClient
 from frontend.convert import TokenFormat
 from frontend.errors import error_response, install_error_handlers
 from frontend.metrics import FrontendMetrics
+from frontend.openapi import install_openapi
 from frontend.routes import health, openai
 from frontend.routes.pow import make_pow_router
 from frontend.settings import FrontendSettings
@@ -111,6 +112,7 @@ def create_app(settings: FrontendSettings) -> FastAPI:
 
     app = FastAPI(title="pocserve", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
+    install_openapi(app)
     app.include_router(openai.router)
     app.include_router(health.router)
     app.include_router(make_pow_router(settings))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import msgspec
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from protocol.version import PROTOCOL_VERSION
@@ -14,7 +15,14 @@ router = APIRouter()
 FRONTEND_VERSION = "0.1.0"
 
 
-@router.get("/health")
+class Unhealthy(BaseModel):
+    status: str
+    reason: str
+
+
+@router.get("/health", response_class=Response, responses={
+    200: {"description": "The backend answers pings and its handshake holds; empty body."},
+    503: {"model": Unhealthy, "description": "The backend is unreachable, not ready or incompatible."}})
 async def health(request: Request) -> Response:
     """200 only while the backend handshake is alive (mlnode polls this every 2 s)."""
     client = request.app.state.client
@@ -31,6 +39,7 @@ async def version(request: Request) -> dict:
             "backend": msgspec.structs.asdict(fp) if fp is not None else None}
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse,
+            responses={200: {"description": "Prometheus text format."}})
 async def metrics(request: Request) -> Response:
     return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -14,6 +14,7 @@ from frontend import convert, sse
 from frontend.backend_client import BackendRequestError, BackendUnavailable
 from frontend.errors import ApiError, error_body
 from frontend.openai_models import ChatCompletionRequest, CompletionRequest
+from frontend.openapi import SSE, errors
 from protocol.generate import Delta, GenerateRequest
 
 router = APIRouter()
@@ -93,7 +94,7 @@ def _observe_ttft(request: Request, route: str, started: float) -> None:
     request.app.state.metrics.ttft.labels(route).observe(time.monotonic() - started)
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses=errors(503))
 async def list_models(request: Request) -> dict:
     fp = request.app.state.client.fingerprint
     if fp is None:
@@ -103,7 +104,7 @@ async def list_models(request: Request) -> dict:
     return {"object": "list", "data": [card]}
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", responses={**SSE, **errors(400, 404, 413, 503)})
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     _check_model(request, body.model)
     client, fmt = request.app.state.client, request.app.state.token_format
@@ -148,7 +149,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     return StreamingResponse(stream(), media_type="text/event-stream")
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", responses={**SSE, **errors(400, 404, 413, 503)})
 async def completions(body: CompletionRequest, request: Request):
     _check_model(request, body.model)
     client, fmt = request.app.state.client, request.app.state.token_format

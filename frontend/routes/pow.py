@@ -15,6 +15,7 @@ from fastapi import APIRouter, Depends, Request
 
 from frontend.backend_client import BackendRequestError, BackendUnavailable
 from frontend.errors import ApiError
+from frontend.openapi import errors
 from frontend.pow_models import GenerateRequest, InitGenerateRequest
 from frontend.settings import FrontendSettings
 from protocol.common import Fingerprint
@@ -96,17 +97,17 @@ def _job_of(reply: PowJobReply) -> JobView:
 
 
 def make_pow_router(settings: FrontendSettings) -> APIRouter:
-    router = APIRouter(prefix="/api/v1/pow", tags=["pow"],
+    router = APIRouter(prefix="/api/v1/pow", tags=["pow"], responses=errors(401, 503),
                        dependencies=[Depends(bearer_guard(settings.pow_api_token))])
     wait_timeout_s = settings.pow_wait_timeout_s
 
-    @router.post("/init/generate")
+    @router.post("/init/generate", responses=errors(400, 409, 413))
     async def init_generate(body: InitGenerateRequest, request: Request) -> dict:
         msg = body.to_wire(request.app.state.client.new_rid(), settings.batch_size_default)
         reply: PowStatusReply = await _call(request, msg)
         return {"status": "OK", "pow_status": {"status": reply.status}}
 
-    @router.post("/generate")
+    @router.post("/generate", responses=errors(400, 409, 413, 429))
     async def generate(body: GenerateRequest, request: Request) -> dict:
         msg = body.to_wire(request.app.state.client.new_rid(), settings.batch_size_default)
         if not body.wait:
@@ -122,7 +123,7 @@ def make_pow_router(settings: FrontendSettings) -> APIRouter:
             raise ApiError(503, f"Timeout after {wait_timeout_s:g}s") from None
         return job_body(_job_of(reply))
 
-    @router.get("/generate/{request_id}")
+    @router.get("/generate/{request_id}", responses=errors(404))
     async def generate_result(request_id: str, request: Request) -> dict:
         msg = PowJobRequest(rid=request.app.state.client.new_rid(), job_id=request_id)
         return job_body(_job_of(await _call(request, msg)))
