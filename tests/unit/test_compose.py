@@ -8,7 +8,10 @@ themselves pass settings validation.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -99,7 +102,7 @@ def _resolve_defaults(value: object) -> str:
 # --- services and build files -------------------------------------------------------------------------------
 
 def test_services_exist(services: dict) -> None:
-    assert {"backend", "frontend", "lb"} <= set(services)
+    assert {"curve-keys", "backend", "frontend", "lb"} <= set(services)
 
 
 @pytest.mark.parametrize("name", ["backend", "frontend"])
@@ -250,13 +253,77 @@ def test_environment_values_are_strings_or_numbers(services: dict) -> None:
             assert isinstance(value, (str, int, float)) and not isinstance(value, bool), (name, key, value)
 
 
+# --- CURVE keys: the one-off service's script, run here on directories standing in for its volumes ----------
+
+def _run_curve_keys(services: dict, keys_dir: Path) -> None:
+    service = services["curve-keys"]
+    assert service["entrypoint"][:2] == ["/bin/sh", "-ec"]
+    script = service["command"][0].replace("$$", "$").replace("cd /keys", f"cd {keys_dir}")
+    if os.geteuid() != 0:
+        script = script.replace("chown -R 10001:10001 frontend", "true")  # needs root, as in the container
+    bin_dir = keys_dir / "bin"  # `python` on PATH = this interpreter, as in the image
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')  # a symlink would lose the venv
+    (bin_dir / "python").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
+    subprocess.run(["/bin/sh", "-ec", script], check=True, env=env, capture_output=True, timeout=60)
+    (bin_dir / "python").unlink()
+
+
+@pytest.fixture(scope="module")
+def curve_volumes(services: dict, tmp_path_factory) -> Path:
+    """What the curve-keys service leaves in its two volumes: <dir>/backend and <dir>/frontend."""
+    keys_dir = tmp_path_factory.mktemp("keys")
+    _run_curve_keys(services, keys_dir)
+    return keys_dir
+
+
+def test_curve_keys_runs_once_per_volume_and_keeps_existing_keys(services: dict, curve_volumes: Path) -> None:
+    files = sorted(p for p in curve_volumes.rglob("*.key*") if "bin" not in p.parts)
+    before = {p: p.read_bytes() for p in files}
+    _run_curve_keys(services, curve_volumes)  # a second `docker compose up`
+    assert {p: p.read_bytes() for p in files} == before
+    assert {p.relative_to(curve_volumes).as_posix() for p in files} == {
+        "backend/backend.key", "backend/backend.key_secret", "backend/probe.key", "backend/probe.key_secret",
+        "backend/clients/frontend.key", "backend/clients/probe.key",
+        "frontend/frontend.key", "frontend/frontend.key_secret", "frontend/backend.key"}
+    assert not any(p.stat().st_mode & 0o077 for p in files if p.suffix == ".key_secret")
+
+
+def test_compose_mounts_each_service_its_own_key_volume(compose: dict, services: dict) -> None:
+    assert set(services["curve-keys"]["volumes"]) == {"curve-backend:/keys/backend", "curve-frontend:/keys/frontend"}
+    assert "curve-backend:/keys:ro" in services["backend"]["volumes"]
+    assert "curve-frontend:/keys:ro" in services["frontend"]["volumes"]
+    for name in ("backend", "frontend"):
+        assert services[name]["depends_on"]["curve-keys"]["condition"] == "service_completed_successfully"
+    assert {"curve-backend", "curve-frontend"} <= set(compose["volumes"])
+
+
+def test_compose_backend_probe_uses_its_own_authorised_key(services: dict, curve_volumes: Path) -> None:
+    from backend.probe import _CURVE_KEYS, _CURVE_SERVER
+    command = services["backend"]["healthcheck"]["test"][1]
+    secret = re.search(rf"{_CURVE_KEYS.flag} (\S+)", command).group(1)
+    server = re.search(rf"{_CURVE_SERVER.flag} (\S+)", command).group(1)
+    backend_volume = curve_volumes / "backend"
+    assert (backend_volume / Path(secret).relative_to("/keys")).is_file()
+    assert (backend_volume / Path(server).relative_to("/keys")).is_file()
+    assert (backend_volume / "clients" / (Path(secret).name.removesuffix("_secret"))).is_file()
+
+
 @pytest.mark.parametrize("process", ["backend", "frontend"])
-def test_container_defaults_pass_settings_validation(services: dict, process: str) -> None:
+def test_container_defaults_pass_settings_validation(services: dict, process: str, curve_volumes: Path) -> None:
     dockerfile = BACKEND_DOCKERFILE if process == "backend" else FRONTEND_DOCKERFILE
     environ = _dockerfile_env(dockerfile)
     environ.update({k: _resolve_defaults(v) for k, v in _environment(services[process]).items()})
+    # The key files as the service's volume holds them (mounted at /keys in the container).
+    environ = {k: v.replace("/keys", str(curve_volumes / process), 1) if v.startswith("/keys/") else v
+               for k, v in environ.items()}
     module = backend_settings if process == "backend" else frontend_settings
-    module.load_settings(argv=[], environ=environ)  # raises SettingsError on a bad value
+    s = module.load_settings(argv=[], environ=environ)  # raises SettingsError on a bad value or key file
+    if process == "backend":
+        assert s.curve_server_secret_key_file is not None and s.curve_clients_dir is not None
+    else:
+        assert s.curve_client_secret_key_file is not None and s.curve_server_public_key_file is not None
 
 
 def test_backend_binds_where_frontends_connect(services: dict) -> None:
