@@ -5,6 +5,8 @@ from __future__ import annotations
 import queue
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import structlog
 
@@ -31,6 +33,25 @@ _PUBLISH_INTERVAL_S = 0.05
 _PRUNE_INTERVAL_S = 5.0
 # What the streams of a frontend the io thread gave up on end with (if it was only stalled, it reads this).
 FRONTEND_LOST_ERROR = RequestError("frontend timed out", status=503).info()
+# Requests with more text than this are tokenized on the `prepare` thread. The tokenizer takes ~1.3 s per MB
+# here (a 10 MB prompt: 14 s), and on the engine thread every stream would wait for it; 64k characters take
+# about 0.1 s. The size check before tokenizing (Vocab.check_fits) still bounds what that thread is given.
+INLINE_TEXT_CHARS = 64 * 1024
+
+
+@dataclass
+class PreparedRequest:
+    """Inbox item from the prepare thread: a long request, tokenized (`result`) or refused (an exception)."""
+
+    engine_rid: str
+    msg: GenerateRequest
+    result: object
+
+
+def text_chars(msg: GenerateRequest) -> int:
+    """Characters the tokenizer will read for this request."""
+    n = len(msg.prompt or "") + len(msg.sampling.enforced_str or "")
+    return n + sum(len(m.content) for m in msg.messages or ())
 
 
 class BackendLoop:
@@ -45,6 +66,10 @@ class BackendLoop:
         self.is_running = True
         # engine request id → (frontend identity, frontend request id)
         self.owners: dict[str, tuple[bytes, str]] = {}
+        # The same, for long requests being tokenized on the prepare thread (not in the engine yet).
+        self.preparing: dict[str, tuple[bytes, str]] = {}
+        # One thread: the tokenizer is shared, and one long prompt at a time is plenty for two cores.
+        self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare")
         self.num_steps = 0
         self.num_aborted = 0
         self.num_handler_errors = 0
@@ -55,7 +80,8 @@ class BackendLoop:
         self._pruned_at = time.monotonic()
         self.pow = None
         self.handlers = {GenerateRequest: self._on_generate, AbortRequest: self._on_abort,
-                         PocArtifactsRequest: self._on_poc_artifacts, FrontendLost: self._on_frontend_lost}
+                         PocArtifactsRequest: self._on_poc_artifacts, FrontendLost: self._on_frontend_lost,
+                         PreparedRequest: self._on_prepared}
 
     def use_pow(self, pow_service) -> None:
         """Attaches the PoC API service (it needs this loop's abort_all_chat, so it comes second)."""
@@ -72,6 +98,7 @@ class BackendLoop:
             self.execute(policy.choose(self.snapshot()))
             self.publish()
             self.on_timer()
+        self._preparer.shutdown(wait=False, cancel_futures=True)
 
     def _pow_pending(self) -> bool:
         return self.pow is not None and self.pow.has_pending()
@@ -84,14 +111,16 @@ class BackendLoop:
 
     def abort_all_chat(self, reason: ErrorInfo) -> int:
         """Aborts every generation in flight; their frontends get `reason` as the error reply."""
-        return self._abort(list(self.owners), reason)
+        return self._abort([*self.owners, *self.preparing], reason)
 
     def _abort(self, engine_rids: list[str], reason: ErrorInfo | None = None) -> int:
-        """The one abort path: drops the owners, aborts in the engine, counts; sends `reason` to each frontend."""
+        """The one abort path: drops the owners, aborts in the engine, counts; sends `reason` to each frontend.
+        A request still being prepared is only forgotten: its PreparedRequest finds no owner and is dropped."""
         owned = [(r, self.owners.pop(r)) for r in engine_rids if r in self.owners]
         if owned:
             self.engine.abort([r for r, _ in owned])
-            self.num_aborted += len(owned)
+        owned += [(r, self.preparing.pop(r)) for r in engine_rids if r in self.preparing]
+        self.num_aborted += len(owned)
         if reason is not None:
             for _, (identity, rid) in owned:
                 self.server.send(identity, GenerateErrorReply(rid=rid, error=reason))
@@ -182,12 +211,38 @@ class BackendLoop:
 
     def _on_generate(self, identity: bytes, msg: GenerateRequest) -> None:
         engine_rid = f"{identity.hex()}-{msg.rid}"
+        if engine_rid in self.owners or engine_rid in self.preparing:
+            error = RequestError(f"request id {msg.rid!r} is already in use", param="rid")
+            self.server.send(identity, GenerateErrorReply(rid=msg.rid, error=error.info()))
+        elif text_chars(msg) > INLINE_TEXT_CHARS and not self._is_gating_chat():
+            self.preparing[engine_rid] = (identity, msg.rid)
+            self._preparer.submit(self._prepare, engine_rid, identity, msg)
+        else:
+            self._admit(engine_rid, identity, msg, None)
+
+    def _prepare(self, engine_rid: str, identity: bytes, msg: GenerateRequest) -> None:
+        """On the prepare thread: tokenizes, then hands the outcome to the engine thread through the inbox."""
         try:
-            if self.pow is not None and self.pow.is_gating_chat:
+            result = self.engine.prepare(msg)
+        except Exception as e:  # reported by _admit on the engine thread, like an inline failure
+            result = e
+        self.inbox.put((identity, PreparedRequest(engine_rid, msg, result)))
+
+    def _on_prepared(self, identity: bytes, ev: PreparedRequest) -> None:
+        if self.preparing.pop(ev.engine_rid, None) is not None:  # else aborted meanwhile: nobody waits
+            self._admit(ev.engine_rid, identity, ev.msg, ev.result)
+
+    def _is_gating_chat(self) -> bool:
+        return self.pow is not None and self.pow.is_gating_chat
+
+    def _admit(self, engine_rid: str, identity: bytes, msg: GenerateRequest, prepared) -> None:
+        """Adds the request to the engine (`prepared`: its prepare thread's outcome, None: prepare it here)."""
+        try:
+            if self._is_gating_chat():
                 raise RequestError(POC_GATE_MESSAGE, status=503, type="service_unavailable")
-            if engine_rid in self.owners:
-                raise RequestError(f"request id {msg.rid!r} is already in use", param="rid")
-            self.engine.add(engine_rid, msg)
+            if isinstance(prepared, Exception):
+                raise prepared
+            self.engine.add(engine_rid, msg, prepared)
         except RequestError as e:
             self.server.send(identity, GenerateErrorReply(rid=msg.rid, error=e.info()))
             return
@@ -204,7 +259,8 @@ class BackendLoop:
 
     def _on_frontend_lost(self, identity: bytes, msg: FrontendLost) -> None:
         # Nobody reads these streams any more (or, if the frontend was only stalled, they end with a 503).
-        num = self._abort([r for r, (owner, _) in self.owners.items() if owner == identity], FRONTEND_LOST_ERROR)
+        mine = [r for table in (self.owners, self.preparing) for r, (owner, _) in table.items() if owner == identity]
+        num = self._abort(mine, FRONTEND_LOST_ERROR)
         # Probes and test clients go silent by design; only a frontend or a peer that had work is news.
         level = log.info if msg.frontend_id or num else log.debug
         level("frontend_lost", identity=identity.decode("ascii", "backslashreplace"), frontend_id=msg.frontend_id,

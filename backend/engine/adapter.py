@@ -45,6 +45,14 @@ class _Tracked:
     registered_as: str = ""
 
 
+@dataclass
+class Prepared:
+    """A request as vLLM takes it: the tokenized prompt and the sampling parameters."""
+
+    prompt_ids: list[int]
+    params: vllm.SamplingParams
+
+
 
 
 def _structured_outputs_config(settings: BackendSettings) -> StructuredOutputsConfig:
@@ -105,8 +113,9 @@ class Engine:
             scheduling_mode=self.settings.scheduling_mode,
         )
 
-    def add(self, engine_rid: str, req: GenerateRequest) -> None:
-        """Validates and queues one request; raises RequestError for client mistakes."""
+    def prepare(self, req: GenerateRequest) -> Prepared:
+        """Tokenizes and validates one request; raises RequestError for client mistakes. Touches only the
+        tokenizer and settings, never the engine, so it may run on another thread (long prompts do)."""
         prompt_param = "messages" if req.messages is not None else "prompt"
         prompt_ids = render_prompt(self.vocab, req)
         max_tokens = check_lengths(len(prompt_ids), req.sampling, self.max_model_len, prompt_param)
@@ -115,6 +124,12 @@ class Engine:
             raise RequestError("validator replay (enforced tokens, raw logprobs) is disabled on this backend",
                                param="enforced_tokens" if "enforced_token_ids" in params.extra_args
                                else "logprobs_mode")
+        return Prepared(prompt_ids, params)
+
+    def add(self, engine_rid: str, req: GenerateRequest, prepared: Prepared | None = None) -> None:
+        """Queues one request (prepared here unless given); raises RequestError for client mistakes."""
+        prepared = prepared or self.prepare(req)
+        prompt_ids, params = prepared.prompt_ids, prepared.params
         try:
             internal_id = self.llm.add_request(engine_rid, compat.token_prompt(prompt_ids), params,
                                                priority=req.priority)

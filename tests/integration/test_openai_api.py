@@ -8,6 +8,8 @@ import httpx
 import openai
 import pytest
 
+from backend.loop import INLINE_TEXT_CHARS
+
 MESSAGES = [{"role": "user", "content": "Tell me about the weather today."}]
 
 
@@ -146,6 +148,25 @@ def test_text_that_cannot_fit_is_refused_before_tokenizing(stack, path, body, pa
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and "far longer" in err["message"], err
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x " * 50_000}]}, "messages"),
+    ("/v1/completions", {"prompt": "x " * 50_000}, "prompt"),
+])
+def test_long_text_is_tokenized_off_the_engine_thread_while_streams_go_on(client, stack, path, body, param):
+    # 100k characters: past INLINE_TEXT_CHARS, within the size bound (1024 tokens x 116 bytes), so the prepare
+    # thread tokenizes it and its token count refuses it. A stream started before it runs to its end.
+    assert INLINE_TEXT_CHARS < 100_000 < 1024 * 116
+    stream = client.chat.completions.create(model=stack.model, messages=[{"role": "user", "content": "hi"}],
+                                            max_tokens=24, stream=True, extra_body={"ignore_eos": True})
+    first = next(stream)
+    r = httpx.post(f"{stack.base_url}{path}", json={"model": stack.model, **body}, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and "input tokens" in err["message"], err
+    rest = list(stream)
+    assert [first, *rest][-1].choices[0].finish_reason == "length"
 
 
 def test_chat_invalid_json_body_is_400(stack):

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 import protocol
 from backend.ipc import SocketServer
-from backend.loop import BackendLoop
+from backend.loop import BackendLoop, PreparedRequest
 from backend.peers import FrontendLost
 from frontend.backend_client import BackendClient
 from protocol.codec import TO_BACKEND_TYPES, TO_FRONTEND_TYPES, backend_codec, frontend_codec
@@ -273,8 +273,8 @@ def test_protocol_every_to_backend_type_has_one_handler():
     pow_service = type("FakePow", (), {n: None for n in ("on_init", "on_generate", "on_job", "on_status",
                                                          "on_stop")})()
     loop.use_pow(pow_service)
-    # The io thread's own inbox events reach the same table but never the wire.
-    internal_types = {FrontendLost}
+    # The io thread's and the prepare thread's own inbox events reach the same table but never the wire.
+    internal_types = {FrontendLost, PreparedRequest}
     assert not internal_types & set(TO_BACKEND_TYPES)
     engine_types = set(loop.handlers) - internal_types
     assert not engine_types & CONTROL_PLANE_TYPES, "a type is handled by both the io thread and the engine thread"
