@@ -322,8 +322,11 @@ class BackendClient:
             case ReadyReply(fingerprint=fp, refusal=refusal):
                 self._on_ready(fp, refusal)
             case DeadEvent(reason=reason):
-                log.error("backend_dead", reason=reason)
+                # A dying backend answers every ping with this for a moment (SocketServer.send_dead): log once.
+                if self._instance_id is not None or self.fingerprint is not None:
+                    log.error("backend_dead", reason=reason)
                 self._instance_id = None
+                self.fingerprint = None
                 self._mark_down(f"backend engine died: {reason}")
             case ErrorReply(error=error, rid=rid):
                 log.warning("backend_rejected_frame", message=error.message, rid=rid)

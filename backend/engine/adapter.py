@@ -53,8 +53,6 @@ class Prepared:
     params: vllm.SamplingParams
 
 
-
-
 def _structured_outputs_config(settings: BackendSettings) -> StructuredOutputsConfig:
     if settings.json_whitespace:
         return StructuredOutputsConfig()

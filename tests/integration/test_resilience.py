@@ -145,6 +145,8 @@ def test_engine_failure_sends_dead_sentinel_and_exits_nonzero(model_dir, tmp_pat
         assert "died" in r.json()["error"]["message"]
         assert backend.proc.wait(30) == 1
         assert httpx.get(f"{url}/health", timeout=2).status_code == 503
+        # The backend answered the pings of its last second with the sentinel too; the frontend says it once.
+        assert frontend.log_path.read_text().count("backend_dead") == 1, frontend.tail()
     finally:
         frontend.stop()
         backend.stop()
