@@ -6,15 +6,23 @@ peer's handshake until the ZAP reply, which this gives at once. Every refused ha
 what libzmq tells: public key and IP for a ZAP refusal; only the reason for an earlier failure (the monitor does
 not name the peer). A peer refused by ZAP is not retried by libzmq; a plaintext peer may retry every
 RECONNECT_IVL (a race in libzmq decides), which is why logging is rate-limited.
+
+The clients directory is read again every few seconds: a key dropped in is admitted at the refused frontend's
+next retry, a key removed refuses new connections (one already open stays until it reconnects: ZAP only runs at
+the handshake). A directory that cannot be read, or holds a bad file, keeps the last good set and is logged.
 """
 
 from __future__ import annotations
+
+import time
 
 import structlog
 import zmq
 from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
 
+from backend.settings import reload_curve_clients
+from protocol.config import SettingsError
 from protocol.curve import KeyFile, PublicKeys
 
 log = structlog.get_logger(__name__)
@@ -29,15 +37,19 @@ _FAILURE_REASONS = {
 # Each refused key is logged once (up to this many keys), then only every 100th refusal: a flood of peers or
 # keys must not flood the log.
 _MAX_KEYS_LOGGED = 1000
+RELOAD_INTERVAL_S = 5.0
 
 
 class CurveGate:
     """Admits the peers whose public key is in `clients`; refuses, logs and counts every other one."""
 
-    def __init__(self, keys: KeyFile, clients: PublicKeys) -> None:
+    def __init__(self, keys: KeyFile, clients: PublicKeys, *, reload_interval_s: float = RELOAD_INTERVAL_S) -> None:
         assert keys.secret_key is not None, "the server needs its secret key"
         self._keys = keys
         self._clients = clients
+        self._reload_interval_s = reload_interval_s
+        self._reloaded_at = time.monotonic()
+        self._reload_error: str | None = None
         self.num_refused_handshakes = 0
         self._logged_keys: set[bytes] = set()
         self._zap: zmq.Socket | None = None
@@ -66,6 +78,25 @@ class CurveGate:
             self._on_zap_request(self._zap.recv_multipart())
         if self._monitor in events:
             self._on_handshake_failed(recv_monitor_message(self._monitor))
+        if time.monotonic() - self._reloaded_at >= self._reload_interval_s:
+            self._reloaded_at = time.monotonic()
+            self._reload()
+
+    def _reload(self) -> None:
+        try:
+            clients = reload_curve_clients(self._clients)
+        except SettingsError as e:
+            if str(e) != self._reload_error:  # once per distinct problem, not every few seconds
+                log.error("curve_clients_unreadable", error=str(e), num_client_keys_kept=self.num_client_keys)
+            self._reload_error = str(e)
+            return
+        self._reload_error = None
+        added, removed = clients.keys - self._clients.keys, self._clients.keys - clients.keys
+        if added or removed:
+            self._clients = clients
+            self._logged_keys -= added
+            log.info("curve_clients_reloaded", added=sorted(k.decode() for k in added),
+                     removed=sorted(k.decode() for k in removed), num_client_keys=self.num_client_keys)
 
     def close(self) -> None:
         """After the router is closed: no handshake can wait on the handler any more."""

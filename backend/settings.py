@@ -153,6 +153,11 @@ def _check(s: BackendSettings) -> None:
                             f"{MIN_FRONTEND_TIMEOUT_S:g} s (two of the frontends' default 0.5 s ping periods)")
 
 
+def reload_curve_clients(clients: PublicKeys) -> PublicKeys:
+    """The clients directory (or file) read again, checked as at start; SettingsError if it is unusable now."""
+    return load_public_keys(_OPTIONS["curve_clients_dir"], str(clients.path))
+
+
 def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> BackendSettings:
     values = parse_options("pocserve-backend", "pocserve backend: owns the vLLM engine", OPTIONS, argv, environ)
     values["model"] = Path(os.path.expanduser(values["model"]))

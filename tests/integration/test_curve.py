@@ -78,10 +78,13 @@ def wait_for(predicate: Callable[[], object], timeout_s: float = 10.0, what: str
 
 # --- SocketServer + CurveGate, no engine ---
 
-def _server(address: str, keys: Keys) -> tuple[zmq.Context, SocketServer, CurveGate]:
-    s = backend_settings.load_settings(["--address", address, *keys.backend_flags()], {})
+def _server(address: str, keys: Keys, clients_dir: Path | None = None,
+            reload_interval_s: float = 5.0) -> tuple[zmq.Context, SocketServer, CurveGate]:
+    flags = keys.backend_flags() if clients_dir is None else [
+        "--curve-server-secret-key-file", str(keys.backend_secret), "--curve-clients-dir", str(clients_dir)]
+    s = backend_settings.load_settings(["--address", address, *flags], {})
     ctx = zmq.Context()
-    gate = CurveGate(s.curve_server_secret_key_file, s.curve_clients_dir)
+    gate = CurveGate(s.curve_server_secret_key_file, s.curve_clients_dir, reload_interval_s=reload_interval_s)
     server = SocketServer(ctx, address, queue.Queue(), ControlPlane("inst-curve"), gate=gate)
     server.start()
     return ctx, server, gate
@@ -126,6 +129,86 @@ def test_curve_socket_server_admits_only_authorised_keys(keys, tmp_path, scheme)
     finally:
         for sock in socks:
             sock.close()
+        server.stop()
+        ctx.term()
+
+
+def _own_clients_dir(keys: Keys, tmp_path: Path) -> Path:
+    clients = tmp_path / "clients"
+    clients.mkdir()
+    (clients / "good.key").write_bytes((keys.clients_dir / "good.key").read_bytes())
+    return clients
+
+
+def _public_file(secret: Path) -> Path:
+    return secret.with_name(secret.name.removesuffix("_secret"))
+
+
+def test_curve_clients_dir_is_reloaded_key_added_then_removed(keys, tmp_path):
+    address = f"ipc://{tmp_path}/b.ipc"
+    clients = _own_clients_dir(keys, tmp_path)
+    ctx, server, gate = _server(address, keys, clients, reload_interval_s=0.1)
+    socks = []
+    try:
+        socks.append(_dealer(ctx, address, keys, keys.rogue_secret))
+        wait_for(lambda: gate.num_refused_handshakes >= 1, what="the unknown key refused")
+        (clients / "rogue.key").write_bytes(_public_file(keys.rogue_secret).read_bytes())
+        wait_for(lambda: gate.num_client_keys == 2, what="the added key loaded")
+        socks.append(_dealer(ctx, address, keys, keys.rogue_secret))
+        assert _is_answered(socks[-1], 3000), "an added key is admitted without a restart"
+        (clients / "rogue.key").unlink()
+        wait_for(lambda: gate.num_client_keys == 1, what="the removed key dropped")
+        before = gate.num_refused_handshakes
+        socks.append(_dealer(ctx, address, keys, keys.rogue_secret))
+        wait_for(lambda: gate.num_refused_handshakes > before, what="a new connection with the removed key refused")
+        assert _is_answered(socks[1], 3000), "ZAP runs at the handshake: an open connection stays"
+    finally:
+        for sock in socks:
+            sock.close()
+        server.stop()
+        ctx.term()
+
+
+def test_curve_clients_dir_with_a_bad_file_keeps_the_last_good_keys(keys, tmp_path):
+    address = f"ipc://{tmp_path}/b.ipc"
+    clients = _own_clients_dir(keys, tmp_path)
+    ctx, server, gate = _server(address, keys, clients, reload_interval_s=0.1)
+    try:
+        (clients / "half-written.key").write_text("not a key file")
+        time.sleep(0.5)  # several reloads, each failing on that file
+        (clients / "rogue.key").write_bytes(_public_file(keys.rogue_secret).read_bytes())
+        time.sleep(0.3)
+        assert gate.num_client_keys == 1, "a directory with a bad file changes nothing"
+        sock = _dealer(ctx, address, keys, keys.good_secret)
+        assert _is_answered(sock, 3000)
+        sock.close()
+        (clients / "half-written.key").unlink()
+        wait_for(lambda: gate.num_client_keys == 2, what="the directory usable again")
+    finally:
+        server.stop()
+        ctx.term()
+
+
+async def test_curve_refused_frontend_gets_in_once_its_key_is_authorised(keys, tmp_path):
+    address = f"ipc://{tmp_path}/b.ipc"
+    clients = _own_clients_dir(keys, tmp_path)
+    ctx, server, gate = _server(address, keys, clients, reload_interval_s=0.1)
+    s = frontend_settings.load_settings(keys.frontend_flags(keys.rogue_secret), {})
+    client = BackendClient(address, "fe-late", ping_interval_s=0.05, backend_timeout_s=0.2, backend_wait_s=0.2,
+                           curve_keys=s.curve_client_secret_key_file,
+                           curve_server_key=s.curve_server_public_key_file, refused_retry_s=0.2)
+    await client.start()
+    try:
+        deadline = time.monotonic() + 10
+        while client.refusals.num_refused < 1:
+            assert time.monotonic() < deadline, "never refused"
+            await asyncio.sleep(0.05)
+        (clients / "rogue.key").write_bytes(_public_file(keys.rogue_secret).read_bytes())
+        while client.stats is None:  # pongs: the backend answers it now, neither side restarted
+            assert time.monotonic() < deadline, "the authorised frontend never got in"
+            await asyncio.sleep(0.05)
+    finally:
+        await client.close()
         server.stop()
         ctx.term()
 
