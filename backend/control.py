@@ -63,7 +63,7 @@ class ControlPlane:
         return frontend_id
 
     def on_ping(self, identity: bytes, msg: PingRequest, *, num_rejected_frames: int, outbox_depth: int,
-                num_refused_handshakes: int = 0) -> PongReply:
+                num_curve_refusals: int = 0) -> PongReply:
         if (frontend_id := self._lost.pop(identity, None)) is not None:
             self.frontends[identity] = frontend_id
             log.info("frontend_returned", frontend_id=frontend_id)
@@ -75,6 +75,6 @@ class ControlPlane:
         stats = msgspec.structs.replace(
             base, instance_id=self.instance_id, uptime_s=now - self.started, num_frontends=len(self.frontends),
             num_rejected_frames=num_rejected_frames, outbox_depth=outbox_depth,
-            num_refused_handshakes=num_refused_handshakes,
+            num_curve_refusals=num_curve_refusals,
             is_engine_ready=self.fingerprint is not None, engine_heartbeat_age_s=now - self.snapshot_at)
         return PongReply(ping_id=msg.ping_id, stats=stats)

@@ -8,8 +8,9 @@ not name the peer). A peer refused by ZAP is not retried by libzmq; a plaintext 
 RECONNECT_IVL (a race in libzmq decides), which is why logging is rate-limited.
 
 The clients directory is read again every few seconds: a key dropped in is admitted at the refused frontend's
-next retry, a key removed refuses new connections (one already open stays until it reconnects: ZAP only runs at
-the handshake). A directory that cannot be read, or holds a bad file, keeps the last good set and is logged.
+next retry. A key removed is refused at once on every connection: ZAP only runs at the handshake, so each
+admitted peer's key is its ZAP user id, which libzmq attaches to every frame, and the io thread checks it per
+frame (`admits`). A directory that cannot be read, or holds a bad file, keeps the last good set and is logged.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class CurveGate:
         self._reload_interval_s = reload_interval_s
         self._reloaded_at = time.monotonic()
         self._reload_error: str | None = None
-        self.num_refused_handshakes = 0
+        self.num_curve_refusals = 0
         self._logged_keys: set[bytes] = set()
         self._zap: zmq.Socket | None = None
         self._monitor: zmq.Socket | None = None
@@ -114,29 +115,40 @@ class CurveGate:
         request_id, address, key = frames[1], frames[3].decode(errors="replace"), z85.encode(frames[6])
         if key in self._clients.keys:
             log.info("curve_peer_accepted", public_key=key.decode(), address=address)
-            self._reply(request_id, b"200", b"OK")
+            self._reply(request_id, b"200", b"OK", user_id=key)
             return
-        self.num_refused_handshakes += 1
+        self.num_curve_refusals += 1
         if self._is_logged(key):
             log.warning("curve_peer_refused", public_key=key.decode(), address=address,
-                        reason=f"public key not in {self._clients.path}", num_refused=self.num_refused_handshakes)
+                        reason=f"public key not in {self._clients.path}", num_refused=self.num_curve_refusals)
         self._reply(request_id, b"400", b"unknown public key")
 
     def _on_handshake_failed(self, event: dict) -> None:
-        self.num_refused_handshakes += 1
+        self.num_curve_refusals += 1
         if self._is_logged(None):
             value = int(event["value"])
             log.warning("curve_handshake_failed", reason=_FAILURE_REASONS.get(value, f"ZMTP error {value:#x}"),
                         endpoint=event["endpoint"].decode(errors="replace"),
-                        num_refused=self.num_refused_handshakes)
+                        num_refused=self.num_curve_refusals)
 
     def _is_logged(self, key: bytes | None) -> bool:
         if key is not None and key not in self._logged_keys and len(self._logged_keys) < _MAX_KEYS_LOGGED:
             self._logged_keys.add(key)
             return True
-        n = self.num_refused_handshakes
+        n = self.num_curve_refusals
         return n <= 10 or n % 100 == 0
 
-    def _reply(self, request_id: bytes, status: bytes, text: bytes) -> None:
+    def _reply(self, request_id: bytes, status: bytes, text: bytes, user_id: bytes = b"") -> None:
         # version, request id, status code, status text, user id, metadata
-        self._zap.send_multipart([b"1.0", request_id, status, text, b"", b""])
+        self._zap.send_multipart([b"1.0", request_id, status, text, user_id, b""])
+
+    def admits(self, frame: zmq.Frame) -> bool:
+        """Whether the key that sent `frame` is still authorised (it was at the handshake, or no frame came)."""
+        key = frame.get("User-Id").encode()
+        if key in self._clients.keys:
+            return True
+        self.num_curve_refusals += 1
+        if self._is_logged(key):
+            log.warning("curve_peer_revoked", public_key=key.decode(), num_refused=self.num_curve_refusals,
+                        reason=f"public key no longer in {self._clients.path}")
+        return False

@@ -175,6 +175,11 @@ class SocketServer:
         if self.dead is not None:
             router.send_multipart([identity, codec.encode(self.dead)])
             return
+        if self._gate is not None and not self._gate.admits(frames[-1]):
+            reply = ErrorReply(error=ErrorInfo(status=401, message="CURVE key no longer authorised",
+                                               type="AuthenticationError"))
+            router.send_multipart([identity, codec.encode(reply)])
+            return
         if len(frames) != 2:
             self._reject(router, codec, identity, f"expected 1 payload frame, got {len(frames) - 1}")
             return
@@ -186,7 +191,7 @@ class SocketServer:
         if isinstance(msg, PingRequest):
             pong = self.control.on_ping(
                 identity, msg, num_rejected_frames=self.num_rejected_frames, outbox_depth=self.outbox.qsize(),
-                num_refused_handshakes=self._gate.num_refused_handshakes if self._gate is not None else 0)
+                num_curve_refusals=self._gate.num_curve_refusals if self._gate is not None else 0)
             router.send_multipart([identity, codec.encode(pong)])
         elif isinstance(msg, HelloRequest):
             if (ready := self.control.on_hello(identity, msg)) is not None:

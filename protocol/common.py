@@ -77,5 +77,5 @@ class BackendStats(msgspec.Struct, kw_only=True):
     is_engine_ready: bool = False
     # Seconds since the engine thread last published stats; grows only if the engine loop is stuck.
     engine_heartbeat_age_s: float = 0.0
-    # CURVE handshakes the backend refused (unknown key, plaintext peer); 0 without CURVE.
-    num_refused_handshakes: int = 0
+    # CURVE refusals: handshakes (unknown key, plaintext peer) and frames from revoked keys; 0 without CURVE.
+    num_curve_refusals: int = 0

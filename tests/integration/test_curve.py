@@ -30,7 +30,7 @@ from backend.ipc import SocketServer, is_exposed
 from frontend import settings as frontend_settings
 from frontend.backend_client import BackendClient
 from protocol.codec import frontend_codec
-from protocol.control import PingRequest, PongReply
+from protocol.control import ErrorReply, PingRequest, PongReply
 from tests.stack import REPO, Proc, backend_args, free_port, frontend_args, wait_healthy
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -120,9 +120,9 @@ def test_curve_socket_server_admits_only_authorised_keys(keys, tmp_path, scheme)
         assert _is_answered(socks[0], 3000)
         # One at a time: a plaintext peer may be refused more than once (libzmq retries it after some failures).
         for secret in (keys.rogue_secret, None):
-            before = gate.num_refused_handshakes
+            before = gate.num_curve_refusals
             socks.append(_dealer(ctx, address, keys, secret))
-            wait_for(lambda n=before: gate.num_refused_handshakes > n, what=f"the peer with {secret} refused")
+            wait_for(lambda n=before: gate.num_curve_refusals > n, what=f"the peer with {secret} refused")
             assert not _is_answered(socks[-1], 300)
         assert server.num_rejected_frames == 0  # refused at the handshake: no frame of theirs got in
         assert _is_answered(socks[0], 3000)
@@ -144,24 +144,30 @@ def _public_file(secret: Path) -> Path:
     return secret.with_name(secret.name.removesuffix("_secret"))
 
 
-def test_curve_clients_dir_is_reloaded_key_added_then_removed(keys, tmp_path):
+def test_curve_clients_dir_is_reloaded_key_added_then_revoked(keys, tmp_path):
     address = f"ipc://{tmp_path}/b.ipc"
     clients = _own_clients_dir(keys, tmp_path)
     ctx, server, gate = _server(address, keys, clients, reload_interval_s=0.1)
     socks = []
     try:
         socks.append(_dealer(ctx, address, keys, keys.rogue_secret))
-        wait_for(lambda: gate.num_refused_handshakes >= 1, what="the unknown key refused")
+        wait_for(lambda: gate.num_curve_refusals >= 1, what="the unknown key refused")
         (clients / "rogue.key").write_bytes(_public_file(keys.rogue_secret).read_bytes())
         wait_for(lambda: gate.num_client_keys == 2, what="the added key loaded")
         socks.append(_dealer(ctx, address, keys, keys.rogue_secret))
         assert _is_answered(socks[-1], 3000), "an added key is admitted without a restart"
         (clients / "rogue.key").unlink()
         wait_for(lambda: gate.num_client_keys == 1, what="the removed key dropped")
-        before = gate.num_refused_handshakes
+        before = gate.num_curve_refusals
         socks.append(_dealer(ctx, address, keys, keys.rogue_secret))
-        wait_for(lambda: gate.num_refused_handshakes > before, what="a new connection with the removed key refused")
-        assert _is_answered(socks[1], 3000), "ZAP runs at the handshake: an open connection stays"
+        wait_for(lambda: gate.num_curve_refusals > before, what="a new connection with the removed key refused")
+        # The connection admitted before the removal is refused frame by frame (its ZAP user id is the key).
+        socks[1].send(frontend_codec().encode(PingRequest(ping_id=2)))
+        assert socks[1].poll(3000)
+        reply = frontend_codec().decode(socks[1].recv())
+        assert isinstance(reply, ErrorReply) and reply.error.status == 401, reply
+        socks.append(_dealer(ctx, address, keys, keys.good_secret))
+        assert _is_answered(socks[-1], 3000), "other keys are unaffected"
     finally:
         for sock in socks:
             sock.close()
@@ -223,7 +229,7 @@ async def test_curve_refused_client_logs_and_retries(keys, tmp_path):
     await client.start()
     try:
         deadline = time.monotonic() + 10
-        while client.refusals.num_refused < 3 or gate.num_refused_handshakes < 3:
+        while client.refusals.num_refused < 3 or gate.num_curve_refusals < 3:
             assert time.monotonic() < deadline, "refused handshakes were not retried"
             await asyncio.sleep(0.05)
         assert not client.is_alive and client.fingerprint is None

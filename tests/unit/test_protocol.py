@@ -72,7 +72,7 @@ def _stats() -> BackendStats:
         iteration_tokens_counts=[3, 2, 1], iteration_tokens_sum=150.5, iteration_tokens_count=6, inbox_depth=7,
         outbox_depth=8, is_engine_ready=True, engine_heartbeat_age_s=0.5, is_mining=True, num_poc_nonces=64,
         num_validations=2, num_queued_job_nonces=8, num_callbacks_delivered=3, num_callbacks_dropped=1,
-        num_callback_retries=4, callback_backlog=2, num_refused_handshakes=6)
+        num_callback_retries=4, callback_backlog=2, num_curve_refusals=6)
 
 
 def _sampling() -> SamplingSpec:
