@@ -8,9 +8,10 @@ Three processes besides this one:
 The client sends N sequential non-streaming /v1/chat/completions over one kept-alive HTTP connection to each
 (alternating blocks, so drift hits both alike) and reports p50/p90/p99; overhead = ours − bare. A third
 series times the backend hop alone (a DEALER sending GenerateRequest to the fake backend, no HTTP), which
-splits the overhead into backend + ZMQ and the frontend's own share.
+splits the overhead into backend + ZMQ and the frontend's own share. With --curve the ZMQ link (frontend and
+the hop series) is CURVE-authenticated and encrypted, as the compose file runs it.
 
-    .venv/bin/python -m bench.zmq_overhead [--num-requests 2000] [--json OUT]
+    .venv/bin/python -m bench.zmq_overhead [--num-requests 2000] [--curve] [--json OUT]
 """
 
 from __future__ import annotations
@@ -48,10 +49,27 @@ def completion(model: str) -> dict:
             "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
 
 
-def serve_fake_backend(address: str) -> None:
+def make_curve_keys(keys_dir: Path) -> None:
+    """keys_dir/backend (its pair), keys_dir/frontend (one pair for the frontend and the hop timer), clients/."""
+    from backend.curve_keys import create_key_pair
+
+    create_key_pair(keys_dir / "backend", "backend")
+    frontend_public, _ = create_key_pair(keys_dir / "frontend", "frontend")
+    (keys_dir / "clients").mkdir()
+    (keys_dir / "clients" / "frontend.key").write_bytes(frontend_public.read_bytes())
+
+
+def curve_client_flags(keys_dir: Path) -> list[str]:
+    return ["--curve-client-secret-key-file", str(keys_dir / "frontend" / "frontend.key_secret"),
+            "--curve-server-public-key-file", str(keys_dir / "backend" / "backend.key")]
+
+
+def serve_fake_backend(address: str, keys_dir: Path | None) -> None:
     import zmq
 
+    from backend import settings as backend_settings
     from backend.control import ControlPlane
+    from backend.curve import CurveGate
     from backend.ipc import SocketServer
     from protocol.common import Fingerprint
     from protocol.generate import Delta, DeltasEvent, GenerateRequest
@@ -63,7 +81,13 @@ def serve_fake_backend(address: str) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     inbox: queue.Queue = queue.Queue()
     control = ControlPlane(instance_id=uuid.uuid4().hex)
-    server = SocketServer(zmq.Context.instance(), address, inbox, control)
+    gate = None
+    if keys_dir is not None:
+        s = backend_settings.load_settings([
+            "--curve-server-secret-key-file", str(keys_dir / "backend" / "backend.key_secret"),
+            "--curve-clients-dir", str(keys_dir / "clients")], {})
+        gate = CurveGate(s.curve_server_secret_key_file, s.curve_clients_dir)
+    server = SocketServer(zmq.Context.instance(), address, inbox, control, gate=gate)
     server.start()
     control.fingerprint = Fingerprint(
         protocol_version=PROTOCOL_VERSION, served_model_name=MODEL, model_path="/bench", max_model_len=1024,
@@ -128,15 +152,20 @@ def time_block(conn: http.client.HTTPConnection, n: int, out: list[float]) -> No
             raise RuntimeError(f"HTTP {resp.status}: {data[:300]!r}")
 
 
-def zmq_timer(address: str):
+def zmq_timer(address: str, keys_dir: Path | None):
     """Times the backend hop alone: a DEALER sends GenerateRequest and waits for the DeltasEvent (no HTTP)."""
     import zmq
+    import zmq.auth
 
     from protocol.codec import frontend_codec
     from protocol.generate import ChatMessage, DeltasEvent, GenerateRequest, SamplingSpec
 
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    if keys_dir is not None:
+        sock.curve_publickey, sock.curve_secretkey = zmq.auth.load_certificate(
+            keys_dir / "frontend" / "frontend.key_secret")
+        sock.curve_serverkey = zmq.auth.load_certificate(keys_dir / "backend" / "backend.key")[0]
     sock.connect(address)
     codec, rids = frontend_codec(), iter(range(1 << 62))
     messages = [ChatMessage(role="user", content="hi")]
@@ -165,18 +194,24 @@ def run(args: argparse.Namespace) -> dict:
     address = f"ipc://{log_dir}/fake-backend.ipc"
     ours_port, bare_port = free_port(), free_port()
     me = ["-m", "bench.zmq_overhead"]
+    keys_dir = log_dir / "keys" if args.curve else None
+    if keys_dir is not None:
+        make_curve_keys(keys_dir)
+    backend_extra = ["--curve-keys-dir", str(keys_dir)] if keys_dir else []
+    frontend_extra = curve_client_flags(keys_dir) if keys_dir else []
     procs: list[Proc] = []
     close_zmq = None
     try:
-        procs.append(Proc("fake-backend", [*me, "--serve-fake-backend", address], log_dir / "fake-backend.log").start())
-        procs.append(Proc("frontend", ["-m", "frontend", "--backend-address", address, "--port", str(ours_port)],
-                          log_dir / "frontend.log").start())
+        procs.append(Proc("fake-backend", [*me, "--serve-fake-backend", address, *backend_extra],
+                          log_dir / "fake-backend.log").start())
+        procs.append(Proc("frontend", ["-m", "frontend", "--backend-address", address, "--port", str(ours_port),
+                                       *frontend_extra], log_dir / "frontend.log").start())
         procs.append(Proc("bare", [*me, "--serve-bare", str(bare_port)], log_dir / "bare.log").start())
         wait_http_ok(f"http://127.0.0.1:{ours_port}/health", procs, 60.0)
         wait_http_ok(f"http://127.0.0.1:{bare_port}/health", procs, 60.0)
         conns = {"ours": http.client.HTTPConnection("127.0.0.1", ours_port, timeout=10),
                  "bare": http.client.HTTPConnection("127.0.0.1", bare_port, timeout=10)}
-        time_zmq_block, close_zmq = zmq_timer(address)
+        time_zmq_block, close_zmq = zmq_timer(address, keys_dir)
         timers = {"bare": lambda n, out: time_block(conns["bare"], n, out),
                   "ours": lambda n, out: time_block(conns["ours"], n, out), "zmq": time_zmq_block}
         samples: dict[str, list[float]] = {name: [] for name in timers}
@@ -205,11 +240,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-dir", type=Path, default=None)
     p.add_argument("--device-note", default="")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--curve", action="store_true", help="CURVE on the ZMQ link, as in the compose file")
     p.add_argument("--serve-fake-backend", metavar="ADDRESS", help=argparse.SUPPRESS)
+    p.add_argument("--curve-keys-dir", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--serve-bare", metavar="PORT", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve_fake_backend:
-        serve_fake_backend(args.serve_fake_backend)
+        serve_fake_backend(args.serve_fake_backend, args.curve_keys_dir)
         return 0
     if args.serve_bare:
         serve_bare(args.serve_bare)
@@ -229,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:8}{f['n']:>7}{f['mean_ms']:>10.3f}{f['p50_ms']:>10.3f}{f['p90_ms']:>10.3f}{f['p99_ms']:>10.3f}")
     print(f"{'ours-bare':8}{'':>7}{overhead['mean_ms']:>10.3f}{overhead['p50_ms']:>10.3f}"
           f"{overhead['p90_ms']:>10.3f}{overhead['p99_ms']:>10.3f}")
-    print("(zmq: the backend hop alone, GenerateRequest -> DeltasEvent over a DEALER, no HTTP)")
+    print("(zmq: the backend hop alone, GenerateRequest -> DeltasEvent over a DEALER, no HTTP)"
+          + ("; CURVE on" if args.curve else ""))
     verdict = "meets" if overhead["p50_ms"] < 0.5 else "MISSES"
     print(f"overhead p50 {overhead['p50_ms']:.3f} ms: {verdict} the < 0.5 ms target")
     if args.json is not None:
@@ -237,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
                "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                            "python": platform.python_version()},
                "command": shlex.join(["python", "-m", "bench.zmq_overhead", *(argv or sys.argv[1:])]),
-               "config": {"num_requests": args.num_requests, "num_warmup": args.num_warmup, "block": args.block},
+               "config": {"num_requests": args.num_requests, "num_warmup": args.num_warmup, "block": args.block,
+                          "curve": args.curve},
                "figures": figures, "overhead_ms": overhead}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=2) + "\n")
