@@ -10,7 +10,8 @@ RECONNECT_IVL (a race in libzmq decides), which is why logging is rate-limited.
 The clients directory is read again every few seconds: a key dropped in is admitted at the refused frontend's
 next retry. A key removed is refused at once on every connection: ZAP only runs at the handshake, so each
 admitted peer's key is its ZAP user id, which libzmq attaches to every frame, and the io thread checks it per
-frame (`admits`). A directory that cannot be read, or holds a bad file, keeps the last good set and is logged.
+frame (`admits`) and drops what a revoked key sends; that frontend's pings go unanswered and its /health turns
+red. A directory that cannot be read, or holds a bad file, keeps the last good set and is logged.
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ class CurveGate:
         self._zap.send_multipart([b"1.0", request_id, status, text, user_id, b""])
 
     def admits(self, frame: zmq.Frame) -> bool:
-        """Whether the key that sent `frame` is still authorised (it was at the handshake, or no frame came)."""
+        """Whether the key `frame` came with (its connection's ZAP user id) is still authorised."""
         key = frame.get("User-Id").encode()
         if key in self._clients.keys:
             return True

@@ -176,10 +176,7 @@ class SocketServer:
             router.send_multipart([identity, codec.encode(self.dead)])
             return
         if self._gate is not None and not self._gate.admits(frames[-1]):
-            reply = ErrorReply(error=ErrorInfo(status=401, message="CURVE key no longer authorised",
-                                               type="AuthenticationError"))
-            router.send_multipart([identity, codec.encode(reply)])
-            return
+            return  # dropped, counted and logged by the gate; an answer per ping would flood the peer's log
         if len(frames) != 2:
             self._reject(router, codec, identity, f"expected 1 payload frame, got {len(frames) - 1}")
             return
