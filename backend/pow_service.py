@@ -21,8 +21,7 @@ from backend.errors import POC_GATE_MESSAGE
 from backend.jobs import GenerateQueue, Job, QueueFull
 from backend.pow_results import (
     artifact_dict, generated_payload, job_message, job_request, job_result, job_view, job_view_queued,
-    validated_payload,
-    view_from_result,
+    validated_payload, view_from_result,
 )
 from poc.errors import PocInputError
 from poc.manager import MiningRound, RoundSpec

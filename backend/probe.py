@@ -23,7 +23,7 @@ from protocol.codec import frontend_codec
 from protocol.common import BackendStats, Fingerprint
 from protocol.config import Option, SettingsError
 from protocol.control import HelloRequest, PingRequest, PongReply, ReadyReply
-from protocol.curve import KeyFile, load_public_key_file, load_secret_key_file
+from protocol.curve import KeyFile, load_public_key_file, load_secret_key_file, set_client_keys
 from protocol.version import PROTOCOL_VERSION
 
 # The frontend's CURVE settings (same flags and variables): the probe connects like a frontend.
@@ -39,9 +39,7 @@ class Probe:
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         if curve is not None:
-            keys, server_key = curve
-            self.sock.curve_secretkey, self.sock.curve_publickey = keys.secret_key, keys.public_key
-            self.sock.curve_serverkey = server_key.public_key
+            set_client_keys(self.sock, *curve)
         self.sock.connect(address)
         self.timeout_ms = int(timeout_s * 1000)
         self.next_id = 1

@@ -64,6 +64,11 @@ def curve_client_flags(keys_dir: Path) -> list[str]:
             "--curve-server-public-key-file", str(keys_dir / "backend" / "backend.key")]
 
 
+def curve_server_flags(keys_dir: Path) -> list[str]:
+    return ["--curve-server-secret-key-file", str(keys_dir / "backend" / "backend.key_secret"),
+            "--curve-clients-dir", str(keys_dir / "clients")]
+
+
 def serve_fake_backend(address: str, keys_dir: Path | None) -> None:
     import zmq
 
@@ -83,9 +88,7 @@ def serve_fake_backend(address: str, keys_dir: Path | None) -> None:
     control = ControlPlane(instance_id=uuid.uuid4().hex)
     gate = None
     if keys_dir is not None:
-        s = backend_settings.load_settings([
-            "--curve-server-secret-key-file", str(keys_dir / "backend" / "backend.key_secret"),
-            "--curve-clients-dir", str(keys_dir / "clients")], {})
+        s = backend_settings.load_settings(curve_server_flags(keys_dir), {})
         gate = CurveGate(s.curve_server_secret_key_file, s.curve_clients_dir)
     server = SocketServer(zmq.Context.instance(), address, inbox, control, gate=gate)
     server.start()
@@ -155,17 +158,17 @@ def time_block(conn: http.client.HTTPConnection, n: int, out: list[float]) -> No
 def zmq_timer(address: str, keys_dir: Path | None):
     """Times the backend hop alone: a DEALER sends GenerateRequest and waits for the DeltasEvent (no HTTP)."""
     import zmq
-    import zmq.auth
 
+    from frontend import settings as frontend_settings
     from protocol.codec import frontend_codec
+    from protocol.curve import set_client_keys
     from protocol.generate import ChatMessage, DeltasEvent, GenerateRequest, SamplingSpec
 
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     if keys_dir is not None:
-        sock.curve_publickey, sock.curve_secretkey = zmq.auth.load_certificate(
-            keys_dir / "frontend" / "frontend.key_secret")
-        sock.curve_serverkey = zmq.auth.load_certificate(keys_dir / "backend" / "backend.key")[0]
+        s = frontend_settings.load_settings(curve_client_flags(keys_dir), {})
+        set_client_keys(sock, s.curve_client_secret_key_file, s.curve_server_public_key_file)
     sock.connect(address)
     codec, rids = frontend_codec(), iter(range(1 << 62))
     messages = [ChatMessage(role="user", content="hi")]

@@ -21,7 +21,7 @@ from frontend.refusals import RefusalWatch
 from protocol.codec import frontend_codec
 from protocol.common import BackendStats, ErrorInfo, Fingerprint
 from protocol.control import DeadEvent, ErrorReply, HelloRequest, PingRequest, PongReply, ReadyReply
-from protocol.curve import KeyFile
+from protocol.curve import KeyFile, set_client_keys
 from protocol.generate import (
     AbortRequest, Delta, DeltasEvent, GenerateErrorReply, GenerateRequest,
 )
@@ -110,9 +110,7 @@ class BackendClient:
         sock.setsockopt(zmq.CONNECT_TIMEOUT, timeout_ms)
         if self.curve_keys is not None:
             # The backend answers nothing until its ZAP handler admits our public key.
-            sock.curve_secretkey = self.curve_keys.secret_key
-            sock.curve_publickey = self.curve_keys.public_key
-            sock.curve_serverkey = self.curve_server_key.public_key
+            set_client_keys(sock, self.curve_keys, self.curve_server_key)
         self._loop = asyncio.get_running_loop()
         self.refusals = RefusalWatch(sock, self.address, self._loop, retry_s=self.refused_retry_s,
                                      public_key=self.curve_keys.public_key if self.curve_keys else None)

@@ -39,6 +39,13 @@ class PublicKeys:
     keys: frozenset[bytes]
 
 
+def set_client_keys(sock: zmq.Socket, keys: KeyFile, server_key: KeyFile) -> None:
+    """Makes `sock` a CURVE client with this process's pair, for the server whose public key is `server_key`."""
+    sock.curve_secretkey = keys.secret_key
+    sock.curve_publickey = keys.public_key
+    sock.curve_serverkey = server_key.public_key
+
+
 def load_secret_key_file(opt: Option, raw: str) -> KeyFile | None:
     """This process's own key pair (`NAME.key_secret`); None when the setting is empty."""
     if not raw:

@@ -81,3 +81,12 @@ def wait_healthy(base_url: str, *procs: Proc, timeout_s: float = 180.0) -> None:
             pass
         time.sleep(0.2)
     raise TimeoutError(f"{base_url} not healthy after {timeout_s} s:\n" + "\n".join(p.tail() for p in procs))
+
+
+def wait_until(predicate, timeout_s: float = 60.0, what: str = "condition"):
+    """Polls `predicate` until it returns something truthy, which is returned; fails after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"{what} not met in {timeout_s} s"
+        time.sleep(0.05)
+    return value

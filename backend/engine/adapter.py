@@ -20,9 +20,7 @@ from vllm.v1.engine.llm_engine import LLMEngine  # noqa: E402
 from backend.engine.outputs import to_delta  # noqa: E402
 from backend.engine.poc import PocRunner  # noqa: E402
 from backend.engine.stats import RecorderFactory  # noqa: E402
-from backend.engine.params import (  # noqa: E402
-    Vocab, check_lengths, render_prompt, sampling_params,
-)
+from backend.engine.params import Vocab, check_lengths, render_prompt, sampling_params  # noqa: E402
 from sampling import grammar as tolerant_grammars  # noqa: E402
 from sampling.enforced import ENFORCED_KEY, MODE_KEY  # noqa: E402
 from backend.errors import RequestError  # noqa: E402

@@ -6,7 +6,6 @@ import base64
 import json
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from tests.stack import Proc, backend_args, free_port, frontend_args, wait_healthy
+from tests.stack import Proc, backend_args, free_port, frontend_args, wait_healthy, wait_until  # noqa: F401
 
 MODEL = "tiny"
 CALLBACK_BASE = f"/v2/poc-batches/{MODEL}"
@@ -182,14 +181,6 @@ def stop(pow_url: str, headers: dict | None = None) -> dict:
     r = httpx.post(f"{pow_url}/stop", timeout=60, headers=headers)
     assert r.status_code == 200, r.text
     return r.json()
-
-
-def wait_until(predicate: Callable[[], object], timeout_s: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"{what} not met in {timeout_s} s"
-        time.sleep(0.05)
-    return value
 
 
 def metric(base_url: str, name: str) -> float:

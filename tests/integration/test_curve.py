@@ -13,7 +13,7 @@ import queue
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +31,9 @@ from frontend import settings as frontend_settings
 from frontend.backend_client import BackendClient
 from protocol.codec import frontend_codec
 from protocol.control import PingRequest, PongReply
-from tests.stack import REPO, Proc, backend_args, free_port, frontend_args, wait_healthy
+from protocol.curve import set_client_keys
+from tests.integration.pow_util import metric
+from tests.stack import REPO, Proc, backend_args, free_port, frontend_args, wait_healthy, wait_until
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
@@ -68,14 +70,6 @@ def keys(tmp_path_factory) -> Keys:
     return Keys(backend_secret, backend_public, clients, good_secret, rogue_secret)
 
 
-def wait_for(predicate: Callable[[], object], timeout_s: float = 10.0, what: str = ""):
-    deadline = time.monotonic() + timeout_s
-    while not (result := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what or predicate}"
-        time.sleep(0.05)
-    return result
-
-
 # --- SocketServer + CurveGate, no engine ---
 
 def _server(address: str, keys: Keys, clients_dir: Path | None = None,
@@ -95,9 +89,7 @@ def _dealer(ctx: zmq.Context, address: str, keys: Keys, secret: Path | None) -> 
     sock.setsockopt(zmq.LINGER, 0)
     if secret is not None:
         s = frontend_settings.load_settings(keys.frontend_flags(secret), {})
-        sock.curve_secretkey = s.curve_client_secret_key_file.secret_key
-        sock.curve_publickey = s.curve_client_secret_key_file.public_key
-        sock.curve_serverkey = s.curve_server_public_key_file.public_key
+        set_client_keys(sock, s.curve_client_secret_key_file, s.curve_server_public_key_file)
     sock.connect(address)
     return sock
 
@@ -122,7 +114,7 @@ def test_curve_socket_server_admits_only_authorised_keys(keys, tmp_path, scheme)
         for secret in (keys.rogue_secret, None):
             before = gate.num_curve_refusals
             socks.append(_dealer(ctx, address, keys, secret))
-            wait_for(lambda n=before: gate.num_curve_refusals > n, what=f"the peer with {secret} refused")
+            wait_until(lambda n=before: gate.num_curve_refusals > n, what=f"the peer with {secret} refused")
             assert not _is_answered(socks[-1], 300)
         assert server.num_rejected_frames == 0  # refused at the handshake: no frame of theirs got in
         assert _is_answered(socks[0], 3000)
@@ -151,16 +143,16 @@ def test_curve_clients_dir_is_reloaded_key_added_then_revoked(keys, tmp_path):
     socks = []
     try:
         socks.append(_dealer(ctx, address, keys, keys.rogue_secret))
-        wait_for(lambda: gate.num_curve_refusals >= 1, what="the unknown key refused")
+        wait_until(lambda: gate.num_curve_refusals >= 1, what="the unknown key refused")
         (clients / "rogue.key").write_bytes(_public_file(keys.rogue_secret).read_bytes())
-        wait_for(lambda: gate.num_client_keys == 2, what="the added key loaded")
+        wait_until(lambda: gate.num_client_keys == 2, what="the added key loaded")
         socks.append(_dealer(ctx, address, keys, keys.rogue_secret))
         assert _is_answered(socks[-1], 3000), "an added key is admitted without a restart"
         (clients / "rogue.key").unlink()
-        wait_for(lambda: gate.num_client_keys == 1, what="the removed key dropped")
+        wait_until(lambda: gate.num_client_keys == 1, what="the removed key dropped")
         before = gate.num_curve_refusals
         socks.append(_dealer(ctx, address, keys, keys.rogue_secret))
-        wait_for(lambda: gate.num_curve_refusals > before, what="a new connection with the removed key refused")
+        wait_until(lambda: gate.num_curve_refusals > before, what="a new connection with the removed key refused")
         # The connection admitted before the removal is refused frame by frame (its ZAP user id is the key).
         before = gate.num_curve_refusals
         assert not _is_answered(socks[1], 500), "a revoked key's open connection is no longer served"
@@ -188,20 +180,25 @@ def test_curve_clients_dir_with_a_bad_file_keeps_the_last_good_keys(keys, tmp_pa
         assert _is_answered(sock, 3000)
         sock.close()
         (clients / "half-written.key").unlink()
-        wait_for(lambda: gate.num_client_keys == 2, what="the directory usable again")
+        wait_until(lambda: gate.num_client_keys == 2, what="the directory usable again")
     finally:
         server.stop()
         ctx.term()
+
+
+def _rogue_client(address: str, keys: Keys) -> BackendClient:
+    """A frontend's client holding the key the backend does not know (yet); fast timings, retries every 0.2 s."""
+    s = frontend_settings.load_settings(keys.frontend_flags(keys.rogue_secret), {})
+    return BackendClient(address, "fe-rogue", ping_interval_s=0.05, backend_timeout_s=0.2, backend_wait_s=0.2,
+                         curve_keys=s.curve_client_secret_key_file, curve_server_key=s.curve_server_public_key_file,
+                         refused_retry_s=0.2)
 
 
 async def test_curve_refused_frontend_gets_in_once_its_key_is_authorised(keys, tmp_path):
     address = f"ipc://{tmp_path}/b.ipc"
     clients = _own_clients_dir(keys, tmp_path)
     ctx, server, gate = _server(address, keys, clients, reload_interval_s=0.1)
-    s = frontend_settings.load_settings(keys.frontend_flags(keys.rogue_secret), {})
-    client = BackendClient(address, "fe-late", ping_interval_s=0.05, backend_timeout_s=0.2, backend_wait_s=0.2,
-                           curve_keys=s.curve_client_secret_key_file,
-                           curve_server_key=s.curve_server_public_key_file, refused_retry_s=0.2)
+    client = _rogue_client(address, keys)
     await client.start()
     try:
         deadline = time.monotonic() + 10
@@ -221,10 +218,7 @@ async def test_curve_refused_frontend_gets_in_once_its_key_is_authorised(keys, t
 async def test_curve_refused_client_logs_and_retries(keys, tmp_path):
     address = f"ipc://{tmp_path}/b.ipc"
     ctx, server, gate = _server(address, keys)
-    s = frontend_settings.load_settings(keys.frontend_flags(keys.rogue_secret), {})
-    client = BackendClient(address, "fe-rogue", ping_interval_s=0.05, backend_timeout_s=0.2, backend_wait_s=0.2,
-                           curve_keys=s.curve_client_secret_key_file,
-                           curve_server_key=s.curve_server_public_key_file, refused_retry_s=0.2)
+    client = _rogue_client(address, keys)
     await client.start()
     try:
         deadline = time.monotonic() + 10
@@ -291,20 +285,12 @@ def curve(model_dir, keys, tmp_path_factory) -> Iterator[CurveStack]:
 
 def _assert_refused_over_http(fe: Frontend) -> None:
     """Up and answering, but never healthy: /health is red and chat answers 503."""
-    wait_for(lambda: _status(f"{fe.url}/health") is not None, what=f"{fe.url} answering")
+    wait_until(lambda: _status(f"{fe.url}/health") is not None, what=f"{fe.url} answering")
     assert fe.proc.proc.poll() is None, fe.proc.tail()
     health = httpx.get(f"{fe.url}/health", timeout=5)
     assert health.status_code == 503 and health.json()["reason"] == "backend unavailable"
     r = httpx.post(f"{fe.url}/v1/chat/completions", json=CHAT, timeout=10)
     assert r.status_code == 503, r.text
-
-
-def _metric(base_url: str, name: str) -> float:
-    """One unlabelled sample of a frontend's /metrics."""
-    for line in httpx.get(f"{base_url}/metrics", timeout=5).text.splitlines():
-        if line.startswith(f"{name} "):
-            return float(line.split()[1])
-    raise AssertionError(f"{name} not in {base_url}/metrics")
 
 
 def _status(url: str) -> int | None:
@@ -328,23 +314,23 @@ def test_curve_authorised_frontend_serves_chat(curve, keys):
 def test_curve_unknown_key_is_refused_logged_and_counted(curve, keys):
     rogue_key = keys.public_key(keys.rogue_secret)
     _assert_refused_over_http(curve.rogue)
-    refused = wait_for(lambda: [e for e in _events(curve.backend, "curve_peer_refused")
+    refused = wait_until(lambda: [e for e in _events(curve.backend, "curve_peer_refused")
                                 if e["public_key"] == rogue_key], what="the backend logging the refusal")
     assert refused[0]["address"] == "127.0.0.1" and refused[0]["num_refused"] >= 1
-    said = wait_for(lambda: _events(curve.rogue.proc, "backend_handshake_refused"), what="the frontend's log")
+    said = wait_until(lambda: _events(curve.rogue.proc, "backend_handshake_refused"), what="the frontend's log")
     assert said[0]["public_key"] == rogue_key and "does not authorise" in said[0]["reason"]
     assert curve.rogue.proc.proc.poll() is None and curve.backend.proc.poll() is None
     # Counted in /metrics too: by the refused frontend itself, and by the backend (seen through a good frontend).
-    assert _metric(curve.rogue.url, "pocserve_frontend_curve_refusals_total") >= 1
-    wait_for(lambda: _metric(curve.good.url, "pocserve_backend_curve_refusals_total") >= 1,
+    assert metric(curve.rogue.url, "pocserve_frontend_curve_refusals_total") >= 1
+    wait_until(lambda: metric(curve.good.url, "pocserve_backend_curve_refusals_total") >= 1,
              what="the backend's refusals in the good frontend's /metrics")
 
 
 def test_curve_plaintext_frontend_is_refused_and_backend_keeps_serving(curve):
     _assert_refused_over_http(curve.plain)
-    failed = wait_for(lambda: _events(curve.backend, "curve_handshake_failed"), what="the backend's log")
+    failed = wait_until(lambda: _events(curve.backend, "curve_handshake_failed"), what="the backend's log")
     assert "does not speak CURVE" in failed[0]["reason"] and failed[0]["num_refused"] >= 1
-    said = wait_for(lambda: _events(curve.plain.proc, "backend_handshake_refused"), what="the frontend's log")
+    said = wait_until(lambda: _events(curve.plain.proc, "backend_handshake_refused"), what="the frontend's log")
     assert "one side only" in said[0]["reason"] and said[0]["public_key"] is None
     assert curve.plain.proc.proc.poll() is None and curve.backend.proc.poll() is None
     r = httpx.post(f"{curve.good.url}/v1/chat/completions", json=CHAT, timeout=30)

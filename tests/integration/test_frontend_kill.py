@@ -24,7 +24,7 @@ import pytest
 from protocol.common import BackendStats
 from protocol.control import PingRequest, PongReply
 from tests.backend_client import RawBackend
-from tests.stack import Proc, backend_args, free_port, frontend_args, wait_healthy
+from tests.stack import Proc, backend_args, free_port, frontend_args, wait_healthy, wait_until
 
 NUM_STREAMS = 8
 MAX_TOKENS = 900  # the tiny model's context is 1024; the prompt is ~30 tokens
@@ -59,14 +59,6 @@ def is_engine_ready(raw: RawBackend) -> bool:
         return False  # still importing vLLM on a busy machine: the io thread may answer late
 
 
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"{what} not met in {timeout_s} s"
-        time.sleep(0.05)
-    return value
-
-
 def open_stream(base_url: str, num_events: list[int], i: int) -> None:
     """Reads one long stream until the connection breaks (the frontend is killed under it)."""
     body = {"model": "tiny", "messages": [{"role": "user", "content": f"Write a long story, number {i}."}],
@@ -87,7 +79,7 @@ def backend(model_dir, tmp_path):
                              "--frontend-timeout-s", str(FRONTEND_TIMEOUT_S)), tmp_path / "backend.log").start()
     raw = RawBackend(address)
     try:
-        wait_for(lambda: is_engine_ready(raw), 180.0, "engine ready")
+        wait_until(lambda: is_engine_ready(raw), 180.0, "engine ready")
         yield address, proc, raw
     finally:
         raw.close()
@@ -106,7 +98,7 @@ def test_frontend_kill_aborts_its_requests_and_frees_engine(backend, tmp_path):
                for i in range(NUM_STREAMS)]
     for t in readers:
         t.start()
-    wait_for(lambda: engine_stats(raw).num_running == NUM_STREAMS and min(num_events) >= 3, 60.0,
+    wait_until(lambda: engine_stats(raw).num_running == NUM_STREAMS and min(num_events) >= 3, 60.0,
              "all streams running")
 
     at_kill = engine_stats(raw)

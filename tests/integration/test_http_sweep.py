@@ -49,13 +49,6 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 
 @pytest.fixture(scope="module")
-def receiver():
-    r = Receiver()
-    yield r
-    r.close()
-
-
-@pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
     server = Server.start(model_dir, tmp_path_factory.mktemp("http-sweep"), "--max-model-len", "256",
                           "--stop-flush-timeout-s", "0.5")
