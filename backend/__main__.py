@@ -1,15 +1,18 @@
-"""Backend process entry: settings, logging, model, socket, engine, then the engine loop on this thread.
+"""Backend process entry: settings, logging, model, sockets, the processor process, the engine, then the engine
+loop on this thread.
 
-Shape copied from vLLM's run_engine_core: signal handlers only set a flag; any engine failure sends a dead
-sentinel to every frontend and exits non-zero so the supervisor restarts the process.
+Shape copied from vLLM's run_engine_core: signal handlers only set a flag; any engine failure (or the
+processor's death) sends a dead sentinel to every frontend and exits non-zero so the supervisor restarts us.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import queue
 import signal
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -17,22 +20,27 @@ from pathlib import Path
 import structlog
 import zmq
 
-from backend.control import ControlPlane
-from backend.curve import CurveGate
-from backend.ipc import SocketServer, shut_down
-from backend.peers import PeerTable
+from backend.pow.store import StoreError, open_store
 from backend.settings import BackendSettings, load_settings
-from backend.store import StoreError
-from backend.wiring import open_store
-from protocol.config import SettingsError
+from backend.transport.control import ControlPlane
+from backend.transport.curve import CurveGate
+from backend.transport.peers import PeerTable
+from backend.transport.server import SocketServer, shut_down
+from common.config import SettingsError
+from common.logs import configure_logging
 from protocol.control import DeadEvent
-from protocol.logs import configure_logging
 
 log = structlog.get_logger("backend")
 
 # After the engine died: how long the socket stays up answering every frame with the dead sentinel (see
 # SocketServer.send_dead), two pings at the frontends' default interval.
 _DEAD_LINGER_S = 1.0
+# How long a stopping processor process gets before it is killed.
+_PROCESSOR_STOP_S = 5.0
+
+
+class ProcessorDied(RuntimeError):
+    pass
 
 
 def _prepare_address(address: str) -> None:
@@ -40,9 +48,26 @@ def _prepare_address(address: str) -> None:
         Path(address.removeprefix("ipc://")).parent.mkdir(parents=True, exist_ok=True)
 
 
+def start_processor(settings: BackendSettings, link_address: str) -> multiprocessing.Process:
+    from backend.processor.entry import run_processor
+    proc = multiprocessing.get_context("spawn").Process(target=run_processor, args=(settings, link_address),
+                                                        name="pocserve-processor", daemon=True)
+    proc.start()
+    return proc
+
+
+def stop_processor(proc: multiprocessing.Process) -> None:
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(_PROCESSOR_STOP_S)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(_PROCESSOR_STOP_S)
+
+
 def serve(settings: BackendSettings) -> int:
     if settings.generate_model != "none":
-        from backend.modelgen import ensure_model
+        from backend.tools.modelgen import ensure_model
         ensure_model(settings.model, settings.generate_model)
     try:
         store = open_store(settings.state_dir)  # a locked or corrupt file fails here, before the engine loads
@@ -55,23 +80,42 @@ def serve(settings: BackendSettings) -> int:
     _prepare_address(settings.address)
     gate = (CurveGate(settings.curve_server_secret_key_file, settings.curve_clients_dir)
             if settings.curve_server_secret_key_file is not None else None)
+    link_dir = tempfile.mkdtemp(prefix="pocserve-")
     server = SocketServer(ctx, settings.address, inbox, control, gate=gate,
-                          peers=PeerTable(settings.frontend_timeout_s))
+                          peers=PeerTable(settings.frontend_timeout_s), link_address=f"ipc://{link_dir}/link.ipc")
     server.start()
 
-    from backend.engine.adapter import Engine  # imports vLLM: after the socket is up, so probes see us early
-    from backend.faults import FaultyEngine
-    from backend.loop import BackendLoop
-    from backend.wiring import make_pow_service
+    from backend.processor.link import EngineSide  # imports vLLM: after the socket is up, so probes see us early
+    server.attach_link(EngineSide())
+    processor = start_processor(settings, f"ipc://{link_dir}/link.ipc")
 
-    loop = None
+    from backend.chat import ChatRequests
+    from backend.engine.adapter import Engine
+    from backend.engine.faults import FaultyEngine
+    from backend.loop import BackendLoop
+    from backend.pow.artifact_queue import ArtifactQueue
+    from backend.pow.service import build_pow_service
+
+    pow_service = None
     try:
         engine = Engine(settings)
         if settings.fault_fail_on_step:
             engine = FaultyEngine(engine, settings.fault_fail_on_step)
-        loop = BackendLoop(engine, server, inbox, control, poc_batches_per_step=settings.poc_batches_per_step)
-        loop.use_pow(make_pow_service(settings, engine, loop, server, store))
-        control.fingerprint = engine.fingerprint()
+        fingerprint = engine.fingerprint()
+
+        def on_processor_ready() -> None:
+            control.fingerprint = fingerprint  # frontends are admitted (Hello → Ready) from now on
+
+        def check_processor() -> None:
+            if not processor.is_alive():
+                raise ProcessorDied(f"the processor process exited with code {processor.exitcode}")
+
+        chat = ChatRequests(engine, server.send, on_ready=on_processor_ready)
+        pow_service = build_pow_service(settings, ArtifactQueue(engine.poc), chat, server.send, store,
+                                        [fingerprint.served_model_name, fingerprint.model_path])
+        loop = BackendLoop(engine, inbox, control, chat=chat, pow=pow_service, send=server.send,
+                           poc_batches_per_step=settings.poc_batches_per_step,
+                           timers=(pow_service.on_timer, check_processor))
 
         def stop(signum, _frame) -> None:
             log.info("shutdown_requested", signal=signal.Signals(signum).name)
@@ -89,9 +133,17 @@ def serve(settings: BackendSettings) -> int:
         return 1
     finally:
         shut_down(server, ctx)
-        if loop is not None and loop.pow is not None:
-            loop.pow.callbacks.close()  # before the store: acknowledged rows must still be deleted
+        stop_processor(processor)
+        if pow_service is not None:
+            pow_service.callbacks.close()  # before the store: acknowledged rows must still be deleted
         store.close()
+        _remove_dir(link_dir)
+
+
+def _remove_dir(path: str) -> None:
+    for name in os.listdir(path):
+        os.unlink(os.path.join(path, name))
+    os.rmdir(path)
 
 
 def main(argv: list[str] | None = None) -> None:

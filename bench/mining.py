@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     raise_on_sigterm()
-    from backend.modelgen import ensure_model
+    from backend.tools.modelgen import ensure_model
     model_dir = ensure_model(Path(f"models/{args.shape}"), args.shape)
     args.work_dir.mkdir(parents=True, exist_ok=True)
     figures: dict = {"shape": args.shape, "seq_len": args.seq_len, "batch_size": args.batch_size}

@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
 
     from backend.engine.adapter import Engine
-    from backend.modelgen import ensure_model
+    from backend.tools.modelgen import ensure_model
     from backend.settings import load_settings
     model_dir = Path(args.model_dir or f"models/{args.shape}")
     ensure_model(model_dir, args.shape)

@@ -37,7 +37,7 @@ from importlib import metadata
 from pathlib import Path
 
 from backend.engine.compat import ENGINE_ENV_DEFAULTS
-from backend.modelgen import ensure_model
+from backend.tools.modelgen import ensure_model
 from bench.load import run_load, summarize
 from bench.procs import (
     Proc, free_port, group_cpu_s, machine_busy_s, raise_on_signals, stop_all, wait_http_ok,

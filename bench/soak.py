@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     raise_on_signals()
-    from backend.modelgen import ensure_model
+    from backend.tools.modelgen import ensure_model
     work = args.work_dir or Path(f"/tmp/pocserve-soak-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
     cfg = SoakConfig(work_dir=work, model_dir=ensure_model(args.model_dir, "tiny"), seconds=args.seconds,
                      concurrency=args.concurrency, max_tokens=args.max_tokens, num_cycles=args.cycles,

@@ -1,7 +1,7 @@
 """Microbenchmark: what the frontend + ZMQ hop add to one request, against a trivial engine stand-in.
 
 Three processes besides this one:
-- a fake backend: the real `backend.ipc.SocketServer` and `backend.control.ControlPlane`, plus a thread that
+- a fake backend: the real `backend.transport.server.SocketServer` and `backend.transport.control.ControlPlane`, plus a thread that
   answers every GenerateRequest at once with one finishing 1-token DeltasEvent (no vLLM import);
 - the real frontend (`python -m frontend`) connected to it;
 - a bare FastAPI app (same uvicorn settings) with one route returning the same JSON without ZMQ: the baseline.
@@ -51,7 +51,7 @@ def completion(model: str) -> dict:
 
 def make_curve_keys(keys_dir: Path) -> None:
     """keys_dir/backend (its pair), keys_dir/frontend (one pair for the frontend and the hop timer), clients/."""
-    from backend.curve_keys import create_key_pair
+    from backend.tools.curve_keys import create_key_pair
 
     create_key_pair(keys_dir / "backend", "backend")
     frontend_public, _ = create_key_pair(keys_dir / "frontend", "frontend")
@@ -73,12 +73,12 @@ def serve_fake_backend(address: str, keys_dir: Path | None) -> None:
     import zmq
 
     from backend import settings as backend_settings
-    from backend.control import ControlPlane
-    from backend.curve import CurveGate
-    from backend.ipc import SocketServer
+    from backend.transport.control import ControlPlane
+    from backend.transport.curve import CurveGate
+    from backend.transport.server import SocketServer
     from protocol.common import Fingerprint
     from protocol.generate import Delta, DeltasEvent, GenerateRequest
-    from protocol.logs import configure_logging
+    from common.logs import configure_logging
     from protocol.version import PROTOCOL_VERSION
 
     configure_logging("console", "warning")
@@ -118,7 +118,7 @@ def serve_fake_backend(address: str, keys_dir: Path | None) -> None:
 def serve_bare(port: int) -> None:
     import uvicorn
 
-    from protocol.logs import configure_logging
+    from common.logs import configure_logging
 
     configure_logging("console", "info")  # as the frontend does (access log at WARNING)
     app = FastAPI(title="bare")
@@ -161,11 +161,11 @@ def zmq_timer(address: str, keys_dir: Path | None):
 
     from frontend import settings as frontend_settings
     from protocol.codec import frontend_codec
-    from protocol.curve import set_client_keys
+    from common.curve import set_client_keys
+    from common.sockets import make_socket
     from protocol.generate import ChatMessage, DeltasEvent, GenerateRequest, SamplingSpec
 
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
+    sock = make_socket(zmq.Context.instance(), zmq.DEALER)
     if keys_dir is not None:
         s = frontend_settings.load_settings(curve_client_flags(keys_dir), {})
         set_client_keys(sock, s.curve_client_secret_key_file, s.curve_server_public_key_file)

@@ -31,6 +31,7 @@ COPY docker/install_deps.py docker/
 RUN python docker/install_deps.py pyproject.toml --extra backend --keep-installed
 
 COPY protocol/ protocol/
+COPY common/ common/
 COPY backend/ backend/
 COPY poc/ poc/
 COPY sampling/ sampling/
@@ -54,7 +55,7 @@ EXPOSE 5555
 
 # Healthy = the backend answers on its socket and its engine is ready (model load can take minutes).
 HEALTHCHECK --interval=15s --timeout=10s --start-period=600s --retries=3 \
-    CMD python -m backend.probe --address "$POCSERVE_BACKEND_ADDRESS" --once --timeout-s 3 || exit 1
+    CMD python -m backend.tools.probe --address "$POCSERVE_BACKEND_ADDRESS" --once --timeout-s 3 || exit 1
 
 ENTRYPOINT ["python", "-m", "backend"]
 CMD []

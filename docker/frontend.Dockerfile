@@ -19,6 +19,7 @@ RUN python docker/install_deps.py pyproject.toml
 
 # Only the packages the frontend may import; the install is --no-deps, so nothing else comes in.
 COPY protocol/ protocol/
+COPY common/ common/
 COPY frontend/ frontend/
 RUN python -m pip install --no-deps . \
  && cd / && rm -rf /tmp/src \

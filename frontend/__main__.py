@@ -8,8 +8,8 @@ import uvicorn
 
 from frontend.app import create_app
 from frontend.settings import load_settings
-from protocol.config import SettingsError
-from protocol.logs import configure_logging
+from common.config import SettingsError
+from common.logs import configure_logging
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,7 +21,8 @@ from frontend.refusals import RefusalWatch
 from protocol.codec import frontend_codec
 from protocol.common import BackendStats, ErrorInfo, Fingerprint
 from protocol.control import DeadEvent, ErrorReply, HelloRequest, PingRequest, PongReply, ReadyReply
-from protocol.curve import KeyFile, set_client_keys
+from common.curve import KeyFile, set_client_keys
+from common.sockets import make_client_socket
 from protocol.generate import (
     AbortRequest, Delta, DeltasEvent, GenerateErrorReply, GenerateRequest,
 )
@@ -90,24 +91,9 @@ class BackendClient:
     # --- lifecycle ---
 
     async def start(self) -> None:
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, 0)
-        sock.setsockopt(zmq.RCVHWM, 0)
-        # Don't queue requests for a peer that isn't connected: a down backend must mean a fast 503.
-        sock.setsockopt(zmq.IMMEDIATE, 1)
-        sock.setsockopt(zmq.RECONNECT_IVL, 100)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-        sock.setsockopt(zmq.ROUTING_ID, self._routing_id)
-        # A network that drops packets silently (no RST) leaves TCP retransmitting with exponential backoff, so
-        # recovery after the link returns grew with the outage (14 s after a 45 s cut, up to minutes). ZMTP
-        # heartbeats drop a connection silent for backend_timeout_s (TTL: the backend drops its end too) and
-        # reconnect; the connect timeout stops each SYN into the void from waiting for the kernel's ~2 min.
         timeout_ms = max(100, int(self.backend_timeout_s * 1000))
-        sock.setsockopt(zmq.HEARTBEAT_IVL, max(10, int(self.ping_interval_s * 1000)))
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms)
-        sock.setsockopt(zmq.HEARTBEAT_TTL, timeout_ms)
-        sock.setsockopt(zmq.CONNECT_TIMEOUT, timeout_ms)
+        sock = make_client_socket(self._ctx, self._routing_id, timeout_ms=timeout_ms,
+                                  heartbeat_ivl_ms=max(10, int(self.ping_interval_s * 1000)))
         if self.curve_keys is not None:
             # The backend answers nothing until its ZAP handler admits our public key.
             set_client_keys(sock, self.curve_keys, self.curve_server_key)

@@ -51,7 +51,7 @@ class _NodeBody(BaseModel):
     node_id: Index
     node_count: Count
     params: PoCParamsModel
-    # None: the frontend's batch_size_default setting (POC_BATCH_SIZE_DEFAULT) fills it in.
+    # None: the backend's batch_size_default setting (POC_BATCH_SIZE_DEFAULT) applies.
     batch_size: Count | None = None
     # Callback base URL; None: nothing is delivered.
     url: Text | None = None
@@ -81,9 +81,9 @@ class InitGenerateRequest(_NodeBody):
     # ranges are disjoint only for node_id < node_count and group_id < n_groups (spec §2.4), which is the
     # client's business; refusing other values would stop that host from mining.
 
-    def to_wire(self, rid: str, batch_size_default: int) -> PowInitRequest:
+    def to_wire(self, rid: str) -> PowInitRequest:
         return PowInitRequest(rid=rid, node=self.node(), params=self.params.to_wire(), group_id=self.group_id,
-                              n_groups=self.n_groups, batch_size=self.batch_size or batch_size_default,
+                              n_groups=self.n_groups, batch_size=self.batch_size,
                               url=self.url, stronger_rng=self.poc_stronger_rng)
 
 
@@ -139,12 +139,12 @@ class GenerateRequest(_NodeBody):
     # None: all defaults.
     stat_test: StatTestModel | None = None
 
-    def to_wire(self, rid: str, batch_size_default: int) -> PowGenerateRequest:
+    def to_wire(self, rid: str) -> PowGenerateRequest:
         validation = None
         if self.validation is not None:
             validation = [Artifact(nonce=a.nonce, vector_b64=a.vector_b64) for a in self.validation.artifacts]
         return PowGenerateRequest(
             rid=rid, node=self.node(), params=self.params.to_wire(), nonces=list(self.nonces),
-            batch_size=self.batch_size or batch_size_default, wait=self.wait, url=self.url, validation=validation,
+            batch_size=self.batch_size, wait=self.wait, url=self.url, validation=validation,
             stat_test=self.stat_test.to_wire() if self.stat_test is not None else None,
             stronger_rng=self.poc_stronger_rng)

@@ -42,7 +42,8 @@ class PowInitRequest(msgspec.Struct, tag="pow.init", kw_only=True):
     params: PowParams
     group_id: int = 0
     n_groups: int = 1
-    batch_size: int = 32
+    # None: the backend's default (POC_BATCH_SIZE_DEFAULT).
+    batch_size: int | None = None
     # Callback base URL; None: artifacts are computed and counted but not delivered.
     url: str | None = None
     stronger_rng: bool = False
@@ -55,7 +56,8 @@ class PowGenerateRequest(msgspec.Struct, tag="pow.generate", kw_only=True):
     node: NodeIdentity
     params: PowParams
     nonces: list[int]
-    batch_size: int = 32
+    # Accepted for the fork's API; a job runs in forwards as large as the engine allows.
+    batch_size: int | None = None
     # True: answer with the result; False: queue the job and answer with its id.
     wait: bool = False
     url: str | None = None

@@ -23,7 +23,7 @@ class Stack:
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory) -> Path:
-    from backend.modelgen import ensure_model
+    from backend.tools.modelgen import ensure_model
     return ensure_model(tmp_path_factory.mktemp("model") / "tiny-qwen3", "tiny")
 
 

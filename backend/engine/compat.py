@@ -13,7 +13,7 @@ SUPPORTED_VERSIONS = ("0.26.", "0.29.")
 
 # Set before vLLM is imported (vllm.envs caches values once the engine is built).
 ENGINE_ENV_DEFAULTS = {
-    # The engine runs in our process, stepped from our engine thread.
+    # The engine core runs in our process, stepped from our engine thread (only `vllm serve` comparisons use 1).
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     # The PoC forward and the sampler hooks rely on V1 model-runner internals.
     "VLLM_USE_V2_MODEL_RUNNER": "0",
@@ -28,12 +28,19 @@ ENGINE_ENV_DEFAULTS = {
 # Everything outside vLLM's public API that this project touches: (module, name, attributes used on it).
 # tests/unit/test_engine_compat.py checks each one against the installed vLLM (run it on 0.26 and 0.29).
 PRIVATE_SYMBOLS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("vllm.v1.engine.llm_engine", "LLMEngine",
-     ("from_engine_args", "add_request", "abort_request", "step", "has_unfinished_requests", "collective_rpc",
-      "get_tokenizer", "engine_core", "model_config", "vllm_config")),
-    ("vllm.v1.engine.core_client", "InprocClient", ("engine_core",)),
-    ("vllm.v1.engine.core", "EngineCore", ("scheduler", "structured_output_manager")),
-    ("vllm.v1.core.sched.scheduler", "Scheduler", ("running", "waiting", "skipped_waiting", "kv_cache_manager")),
+    ("vllm.v1.engine.core", "EngineCore",
+     ("step_fn", "post_step", "preprocess_add_request", "add_request", "abort_requests", "collective_rpc",
+      "scheduler", "structured_output_manager", "batch_queue", "vllm_config")),
+    ("vllm.v1.executor", "Executor", ("get_class",)),
+    ("vllm.v1.engine.input_processor", "InputProcessor", ("process_inputs", "assign_request_id")),
+    ("vllm.v1.engine.output_processor", "OutputProcessor",
+     ("add_request", "process_outputs", "abort_requests", "has_unfinished_requests")),
+    ("vllm.v1.engine.parallel_sampling", "ParentRequest", ()),
+    ("vllm.v1.serial_utils", "MsgpackEncoder", ("encode",)),
+    ("vllm.v1.serial_utils", "MsgpackDecoder", ("decode",)),
+    ("vllm.renderers", "renderer_from_config", ()),
+    ("vllm.v1.core.sched.scheduler", "Scheduler",
+     ("running", "waiting", "skipped_waiting", "kv_cache_manager", "has_requests")),
     ("vllm.v1.core.kv_cache_manager", "KVCacheManager", ("block_pool", "usage")),
     ("vllm.v1.core.block_pool", "BlockPool",
      ("get_new_blocks", "free_blocks", "get_num_free_blocks", "num_gpu_blocks")),
@@ -51,7 +58,8 @@ PRIVATE_SYMBOLS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("vllm.v1.structured_output", "StructuredOutputManager", ("_create_grammar",)),
     ("vllm.v1.structured_output.backend_types", "StructuredOutputGrammar",
      ("accept_tokens", "validate_tokens", "rollback", "fill_bitmask", "is_terminated", "reset")),
-    ("vllm.v1.metrics.loggers", "StatLoggerBase", ("record", "log_engine_initialized")),
+    ("vllm.v1.metrics.stats", "IterationStats", ("num_generation_tokens", "prompt_token_stats",
+                                                  "finished_requests")),
     ("vllm.v1.metrics.stats", "PromptTokenStats", ("computed",)),
 )
 
@@ -99,26 +107,27 @@ def token_prompt(prompt_token_ids: list[int]) -> dict:
     return {"type": "token", "prompt_token_ids": prompt_token_ids}
 
 
-def engine_core(llm_engine):
-    """The in-process EngineCore behind an LLMEngine (InprocClient.engine_core)."""
-    return llm_engine.engine_core.engine_core
+def has_work(core) -> bool:
+    """The engine should be stepped: requests scheduled or waiting, or batches still in flight (async
+    scheduling), as vLLM's own busy loop decides (EngineCoreProc.has_work)."""
+    return core.scheduler.has_requests() or bool(core.batch_queue)
 
 
-def request_counts(llm_engine) -> tuple[int, int]:
+def request_counts(core) -> tuple[int, int]:
     """(running, waiting) read from the scheduler now, not from the last recorded iteration."""
-    sched = engine_core(llm_engine).scheduler
+    sched = core.scheduler
     waiting = len(sched.waiting) + len(getattr(sched, "skipped_waiting", ()))
     return len(sched.running), waiting
 
 
-def kv_cache_usage(llm_engine) -> float:
-    return float(engine_core(llm_engine).scheduler.kv_cache_manager.usage)
+def kv_cache_usage(core) -> float:
+    return float(core.scheduler.kv_cache_manager.usage)
 
 
-def block_pool(llm_engine):
+def block_pool(core):
     """The scheduler's KV BlockPool (get_new_blocks / free_blocks / get_num_free_blocks)."""
-    return engine_core(llm_engine).scheduler.kv_cache_manager.block_pool
+    return core.scheduler.kv_cache_manager.block_pool
 
 
-def block_size(llm_engine) -> int:
-    return int(llm_engine.vllm_config.cache_config.block_size)
+def block_size(core) -> int:
+    return int(core.vllm_config.cache_config.block_size)

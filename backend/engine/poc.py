@@ -31,14 +31,14 @@ class NoFreeBlocks(Exception):
 
 
 class PocRunner:
-    def __init__(self, llm, max_num_seqs: int, max_num_batched_tokens: int) -> None:
-        self._llm = llm
-        self._pool = compat.block_pool(llm)
-        self.block_size = compat.block_size(llm)
+    def __init__(self, core, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        self._core = core
+        self._pool = compat.block_pool(core)
+        self.block_size = compat.block_size(core)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.max_model_len = int(llm.model_config.max_model_len)
-        self.hidden_size = int(llm.collective_rpc("poc_hidden_size")[0])
+        self.max_model_len = int(core.vllm_config.model_config.max_model_len)
+        self.hidden_size = int(core.collective_rpc("poc_hidden_size")[0])
         self.num_nonces = 0
 
     def check(self, job: ArtifactJob) -> None:
@@ -75,7 +75,7 @@ class PocRunner:
         try:
             block_ids = [b.block_id for b in blocks]
             assert 0 not in block_ids, "the null block must never be leased"
-            result = self._llm.collective_rpc(
+            result = self._core.collective_rpc(
                 "poc_artifacts", args=(block_ids, job.block_hash, job.public_key, list(nonces), job.seq_len,
                                        job.k_dim, job.stronger_rng))[0]
         finally:

@@ -103,13 +103,13 @@ def make_pow_router(settings: FrontendSettings) -> APIRouter:
 
     @router.post("/init/generate", responses=errors(400, 409, 413))
     async def init_generate(body: InitGenerateRequest, request: Request) -> dict:
-        msg = body.to_wire(request.app.state.client.new_rid(), settings.batch_size_default)
+        msg = body.to_wire(request.app.state.client.new_rid())
         reply: PowStatusReply = await _call(request, msg)
         return {"status": "OK", "pow_status": {"status": reply.status}}
 
     @router.post("/generate", responses=errors(400, 409, 413, 429))
     async def generate(body: GenerateRequest, request: Request) -> dict:
-        msg = body.to_wire(request.app.state.client.new_rid(), settings.batch_size_default)
+        msg = body.to_wire(request.app.state.client.new_rid())
         if not body.wait:
             job = _job_of(await _call(request, msg))
             return {"status": job.status, "request_id": job.job_id, "queued_count": job.num_queued}

@@ -10,7 +10,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from backend.modelgen import ensure_model
+from backend.tools.modelgen import ensure_model
 from tests.backend_client import RawBackend
 from tests.stack import Proc, backend_args
 

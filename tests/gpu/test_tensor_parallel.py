@@ -93,7 +93,7 @@ def test_tp2_matches_tp1_tiny(stack, tp2_tiny, case):
     "See docs/benchmarks.md"))
 def test_tp2_matches_tp1_qwen3_06b_shape(tmp_path_factory):
     _needs_two_gpus()
-    from backend.modelgen import ensure_model
+    from backend.tools.modelgen import ensure_model
     model_dir = ensure_model(tmp_path_factory.mktemp("m06b") / "qwen3-0.6b", "qwen3-0.6b")
     work = tmp_path_factory.mktemp("tp-06b")
     got = {}

@@ -15,9 +15,9 @@ import msgspec
 import pytest
 import zmq
 
-from backend.control import ControlPlane
-from backend.ipc import BROADCAST, SocketServer
-from backend.peers import FrontendLost, PeerTable
+from backend.transport.control import ControlPlane
+from backend.transport.server import BROADCAST, SocketServer
+from backend.transport.peers import FrontendLost, PeerTable
 from protocol.codec import backend_codec, frontend_codec
 from protocol.common import Fingerprint
 from protocol.control import DeadEvent, ErrorReply, HelloRequest, PingRequest, PongReply, ReadyReply
@@ -281,8 +281,8 @@ def test_backend_socket_pinging_peer_is_never_forgotten(harness):
 _EXIT_AFTER_LAST_FRAME = """
 import os, queue, sys, time
 import zmq
-from backend.control import ControlPlane
-from backend.ipc import BROADCAST, SocketServer, shut_down
+from backend.transport.control import ControlPlane
+from backend.transport.server import BROADCAST, SocketServer, shut_down
 from protocol.control import DeadEvent
 ctx = zmq.Context()
 inbox = queue.Queue()

@@ -12,8 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from backend.callbacks import CallbackSender
-from backend.store import Store
+from backend.pow.callbacks import CallbackSender
+from backend.pow.store import Store
 
 BASE_PATH = "/v2/poc-batches/model"
 META = {"public_key": "pk", "block_hash": "h1", "block_height": 7, "node_id": 2}

@@ -23,15 +23,15 @@ import zmq
 import zmq.auth
 
 from backend import settings as backend_settings
-from backend.control import ControlPlane
-from backend.curve import CurveGate
-from backend.curve_keys import create_key_pair
-from backend.ipc import SocketServer, is_exposed
+from backend.transport.control import ControlPlane
+from backend.transport.curve import CurveGate
+from backend.tools.curve_keys import create_key_pair
+from backend.transport.server import SocketServer, is_exposed
 from frontend import settings as frontend_settings
 from frontend.backend_client import BackendClient
 from protocol.codec import frontend_codec
 from protocol.control import PingRequest, PongReply
-from protocol.curve import set_client_keys
+from common.curve import set_client_keys
 from tests.integration.pow_util import metric
 from tests.stack import REPO, Proc, backend_args, free_port, frontend_args, wait_healthy, wait_until
 

@@ -311,7 +311,7 @@ class Cluster:
 
     def probe_backend_inside(self) -> str:
         """The backend answers in its own namespace while the network is cut (the operator's probe)."""
-        r = subprocess.run(["ip", "netns", "exec", self.net.ns["be"], sys.executable, "-m", "backend.probe",
+        r = subprocess.run(["ip", "netns", "exec", self.net.ns["be"], sys.executable, "-m", "backend.tools.probe",
                             "--address", self.be_address, "--once", "--timeout-s", "5"],
                            check=False, cwd=REPO, capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, f"probe in the backend's namespace: {r.stdout}{r.stderr}\n{_tails(self.procs)}"

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from backend.loop import INLINE_TEXT_CHARS
+from backend.processor.main import INLINE_TEXT_CHARS
 
 MESSAGES = [{"role": "user", "content": "Tell me about the weather today."}]
 

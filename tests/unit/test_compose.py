@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tomllib
@@ -300,14 +301,16 @@ def test_compose_mounts_each_service_its_own_key_volume(compose: dict, services:
 
 
 def test_compose_backend_probe_uses_its_own_authorised_key(services: dict, curve_volumes: Path) -> None:
-    from backend.probe import _CURVE_KEYS, _CURVE_SERVER
+    from backend.tools import probe
     command = services["backend"]["healthcheck"]["test"][1]
-    secret = re.search(rf"{_CURVE_KEYS.flag} (\S+)", command).group(1)
-    server = re.search(rf"{_CURVE_SERVER.flag} (\S+)", command).group(1)
+    argv = shlex.split(command.split("backend.tools.probe", 1)[1].replace("$$POCSERVE_BACKEND_ADDRESS", "ipc:///x"))
     backend_volume = curve_volumes / "backend"
-    assert (backend_volume / Path(secret).relative_to("/keys")).is_file()
-    assert (backend_volume / Path(server).relative_to("/keys")).is_file()
-    assert (backend_volume / "clients" / (Path(secret).name.removesuffix("_secret"))).is_file()
+    s = probe.load_settings([a.replace("/keys", str(backend_volume), 1) for a in argv], {})
+    assert s.once and s.curve_client_secret_key_file is not None and s.curve_server_public_key_file is not None
+    clients = backend_settings.load_settings([], {
+        "POCSERVE_CURVE_SERVER_SECRET_KEY_FILE": str(backend_volume / "backend.key_secret"),
+        "POCSERVE_CURVE_CLIENTS_DIR": str(backend_volume / "clients")}).curve_clients_dir
+    assert s.curve_client_secret_key_file.public_key in clients.keys
 
 
 @pytest.mark.parametrize("process", ["backend", "frontend"])
@@ -344,11 +347,11 @@ def test_compose_healthchecks(services: dict, name: str) -> None:
 
 def test_healthcheck_commands(services: dict) -> None:
     backend = " ".join(a for k, a in _instructions(BACKEND_DOCKERFILE) if k == "HEALTHCHECK")
-    assert "python -m backend.probe" in backend and "--once" in backend and "--timeout-s" in backend
+    assert "python -m backend.tools.probe" in backend and "--once" in backend and "--timeout-s" in backend
     frontend = " ".join(a for k, a in _instructions(FRONTEND_DOCKERFILE) if k == "HEALTHCHECK")
     assert "urllib" in frontend and "/health" in frontend
     compose_backend = " ".join(services["backend"]["healthcheck"]["test"])
-    assert "backend.probe" in compose_backend and "--once" in compose_backend
+    assert "backend.tools.probe" in compose_backend and "--once" in compose_backend
 
 
 # --- load balancer ------------------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from backend import control as control_module
-from backend.control import ControlPlane
+from backend.transport import control as control_module
+from backend.transport.control import ControlPlane
 from protocol.common import Fingerprint
 from protocol.control import HelloRequest, PingRequest
 from protocol.version import PROTOCOL_VERSION

@@ -70,7 +70,7 @@ class FakeClient:
 
 
 def make_app(environ: dict[str, str] | None = None):
-    settings = load_settings([], {"POC_BATCH_SIZE_DEFAULT": "48", **(environ or {})})
+    settings = load_settings([], environ or {})
     app = create_app(settings)
     fake = FakeClient()
     app.state.client = fake
@@ -122,7 +122,7 @@ async def test_pow_init_defaults_map_to_the_wire_and_answer_generating(api):
     assert timeout_s == CONTROL_TIMEOUT_S
     assert req == PowInitRequest(
         rid=req.rid, node=NodeIdentity(**NODE), params=PowParams(model="tiny", seq_len=256, k_dim=12),
-        group_id=0, n_groups=1, batch_size=48, url=None, stronger_rng=False)
+        group_id=0, n_groups=1, batch_size=None, url=None, stronger_rng=False)
 
 
 async def test_pow_init_every_field_maps_to_the_wire(api):
@@ -169,7 +169,7 @@ async def test_pow_generate_queued_defaults_and_shape(api):
     assert timeout_s == CONTROL_TIMEOUT_S
     assert req == PowGenerateRequest(
         rid=req.rid, node=NodeIdentity(**NODE), params=PowParams(model="tiny", seq_len=256, k_dim=12),
-        nonces=[4, 1, 4], batch_size=48, wait=False, url=None, validation=None, stat_test=None,
+        nonces=[4, 1, 4], batch_size=None, wait=False, url=None, validation=None, stat_test=None,
         stronger_rng=False)
 
 

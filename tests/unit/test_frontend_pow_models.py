@@ -64,12 +64,12 @@ def test_pow_models_generate_rejects(change, loc):
     assert _loc_of_rejection(GenerateRequest, {**NODE, "params": PARAMS, "nonces": [5], **change}) == loc
 
 
-def test_pow_models_init_defaults_and_batch_size_from_setting():
+def test_pow_models_init_defaults_leave_batch_size_to_the_backend():
     body = InitGenerateRequest.model_validate({**NODE, "params": PARAMS, "unknown": 1})
-    msg = body.to_wire("r1", batch_size_default=40)
-    assert (msg.group_id, msg.n_groups, msg.batch_size, msg.url, msg.stronger_rng) == (0, 1, 40, None, False)
+    msg = body.to_wire("r1")
+    assert (msg.group_id, msg.n_groups, msg.batch_size, msg.url, msg.stronger_rng) == (0, 1, None, None, False)
     assert msg.params.k_dim == 12
-    assert body.model_copy(update={"batch_size": 3}).to_wire("r2", 40).batch_size == 3
+    assert body.model_copy(update={"batch_size": 3}).to_wire("r2").batch_size == 3
 
 
 def test_pow_models_init_accepts_the_last_node_and_group():
@@ -79,17 +79,17 @@ def test_pow_models_init_accepts_the_last_node_and_group():
 
 def test_pow_models_init_accepts_node_ids_past_node_count():
     # dapi sends node_id = NodeNum (1-based) and node_count = its node count: one node is (1, 1).
-    msg = InitGenerateRequest.model_validate({**NODE, "node_id": 1, "node_count": 1, "params": PARAMS}).to_wire("r", 4)
+    msg = InitGenerateRequest.model_validate({**NODE, "node_id": 1, "node_count": 1, "params": PARAMS}).to_wire("r")
     assert (msg.node.node_id, msg.node.node_count) == (1, 1)
-    msg = InitGenerateRequest.model_validate({**NODE, "group_id": 2, "n_groups": 2, "params": PARAMS}).to_wire("r", 4)
+    msg = InitGenerateRequest.model_validate({**NODE, "group_id": 2, "n_groups": 2, "params": PARAMS}).to_wire("r")
     assert (msg.group_id, msg.n_groups) == (2, 2)
 
 
 def test_pow_models_generate_node_id_need_not_be_below_node_count():
     # Only echoed for /generate: the validator's node number is independent of the serving node count.
     body = GenerateRequest.model_validate({**NODE, "node_id": 7, "node_count": 2, "params": PARAMS, "nonces": [5]})
-    msg = body.to_wire("r", 32)
-    assert (msg.node.node_id, msg.node.node_count, msg.wait, msg.batch_size) == (7, 2, False, 32)
+    msg = body.to_wire("r")
+    assert (msg.node.node_id, msg.node.node_count, msg.wait, msg.batch_size) == (7, 2, False, None)
 
 
 @pytest.mark.parametrize("stat_test,expected", [
@@ -109,4 +109,4 @@ def test_pow_models_stat_test_to_wire(stat_test, expected):
 
 def test_pow_models_stat_test_null_means_all_defaults_in_the_backend():
     body = GenerateRequest.model_validate({**NODE, "params": PARAMS, "nonces": [5], "stat_test": None})
-    assert body.to_wire("r", 32).stat_test is None
+    assert body.to_wire("r").stat_test is None

@@ -8,8 +8,8 @@ import threading
 import pytest
 
 from backend.errors import RequestError
-from backend.jobs import GenerateQueue, QueueFull
-from backend.store import Store
+from backend.pow.jobs import GenerateQueue, QueueFull
+from backend.pow.store import Store
 
 
 class FakeClock:

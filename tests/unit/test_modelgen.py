@@ -1,4 +1,4 @@
-"""Unit tests for backend.modelgen: determinism, tokenizer contract, HF loadability, ensure_model."""
+"""Unit tests for backend.tools.modelgen: determinism, tokenizer contract, HF loadability, ensure_model."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Qwen2TokenizerFast
 
-from backend import modelgen
+from backend.tools import modelgen
 
 # sha256 of model.safetensors for shape "tiny", seed 0. A change here means every deployed model
 # changes too: bump GENERATOR_VERSION and tell whoever pins PoC golden values.
@@ -165,7 +165,7 @@ def test_ensure_model_regenerates_incomplete_dir(tmp_path: Path, damage: str) ->
 
 def test_main_cli_prints_only_the_model_path(tmp_path: Path) -> None:
     # A subprocess, so the CLI's logging set-up does not leak into other tests.
-    cmd = [sys.executable, "-m", "backend.modelgen", "--out", str(tmp_path / "cli"), "--seed", "0"]
+    cmd = [sys.executable, "-m", "backend.tools.modelgen", "--out", str(tmp_path / "cli"), "--seed", "0"]
     result = subprocess.run(cmd, capture_output=True, text=True, check=True)
     assert result.stdout == f"{(tmp_path / 'cli').resolve()}\n"
     assert _digests(tmp_path / "cli")["model.safetensors"] == TINY_SEED0_SAFETENSORS_SHA256
@@ -181,6 +181,6 @@ def test_generate_model_rejects_unknown_shape(tmp_path: Path) -> None:
 def test_token_byte_bound_holds_for_any_text(tokenizer, text) -> None:
     """The prompt size pre-check (backend/engine/params.py) may only refuse text that cannot fit."""
     pytest.importorskip("vllm")
-    from backend.engine.params import max_token_bytes
+    from backend.processor.params import max_token_bytes
     ids = tokenizer.encode(text, add_special_tokens=False)
     assert len(text.encode("utf-8", "surrogatepass")) <= max(1, len(ids)) * max_token_bytes(tokenizer)

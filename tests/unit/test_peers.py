@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.peers import PeerTable
+from backend.transport.peers import PeerTable
 
 A, B = b"fe-a", b"fe-b"
 

@@ -23,9 +23,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import protocol
-from backend.ipc import SocketServer
-from backend.loop import BackendLoop, PreparedRequest
-from backend.peers import FrontendLost
+from backend.transport.server import SocketServer
+from backend.chat import ChatRequests
+from backend.pow.service import PowService
+from backend.processor import PreparedRequests
+from protocol.processor import (
+    FromProcessor, PrepareFailed, Prepared, ProcessorReady, ProcessorStats, StopStringsHit,
+)
+from backend.transport.peers import FrontendLost
 from frontend.backend_client import BackendClient
 from protocol.codec import TO_BACKEND_TYPES, TO_FRONTEND_TYPES, backend_codec, frontend_codec
 from protocol.common import BackendStats, ErrorInfo, Fingerprint
@@ -268,20 +273,31 @@ def test_protocol_no_struct_is_array_like():
 # --- every union member has a handler ---
 
 def test_protocol_every_to_backend_type_has_one_handler():
-    loop = BackendLoop(engine=type("FakeEngine", (), {"poc": None})(), server=object(), inbox=queue.Queue(),
-                       control=object())
-    pow_service = type("FakePow", (), {n: None for n in ("on_init", "on_generate", "on_job", "on_status",
-                                                         "on_stop")})()
-    loop.use_pow(pow_service)
-    # The io thread's and the prepare thread's own inbox events reach the same table but never the wire.
-    internal_types = {FrontendLost, PreparedRequest}
+    chat = ChatRequests(engine=None, send=lambda identity, msg: None)
+    pow_service = object.__new__(PowService)  # its handler table needs no state
+    handlers = [*chat.handlers(), *pow_service.handlers()]
+    assert len(handlers) == len(set(handlers)), "a type is handled twice on the engine thread"
+    # The io thread's and the processor's own inbox events reach the same table but never the wire.
+    internal_types = {FrontendLost, PreparedRequests, PrepareFailed, StopStringsHit, ProcessorReady}
     assert not internal_types & set(TO_BACKEND_TYPES)
-    engine_types = set(loop.handlers) - internal_types
+    engine_types = set(handlers) - internal_types
     assert not engine_types & CONTROL_PLANE_TYPES, "a type is handled by both the io thread and the engine thread"
     assert engine_types | CONTROL_PLANE_TYPES == set(TO_BACKEND_TYPES)
     io_source = inspect.getsource(SocketServer._on_frames)
     for cls in CONTROL_PLANE_TYPES:
         assert cls.__name__ in io_source, f"{cls.__name__} is no longer answered in SocketServer._on_frames"
+
+
+def test_protocol_every_message_from_the_processor_has_one_handler():
+    chat = ChatRequests(engine=None, send=lambda identity, msg: None)
+    # Prepared arrives with its engine requests (PreparedRequests); ProcessorStats is kept by the io thread.
+    handled = {PreparedRequests if t is PreparedRequests else t for t in chat.handlers()}
+    expected = {PreparedRequests if t is Prepared else t for t in FROM_PROCESSOR_TYPES} - {ProcessorStats}
+    assert expected <= handled
+    assert "ProcessorStats" in inspect.getsource(SocketServer._on_link)
+
+
+FROM_PROCESSOR_TYPES = FromProcessor.__args__
 
 
 class _RecordingLog:

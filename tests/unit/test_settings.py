@@ -8,7 +8,7 @@ import pytest
 
 from backend import settings as backend_settings
 from frontend import settings as frontend_settings
-from protocol.config import SettingsError
+from common.config import SettingsError
 
 REPO = Path(__file__).resolve().parents[2]
 MODULES = [backend_settings, frontend_settings]
@@ -34,7 +34,7 @@ PRECEDENCE = [
     (frontend_settings, "pow_api_token", "POCSERVE_POW_API_TOKEN", "env-token", "flag-token", "", "env-token",
      "flag-token"),
     (frontend_settings, "pow_wait_timeout_s", "POCSERVE_POW_WAIT_TIMEOUT_S", "30", "5.5", 600.0, 30.0, 5.5),
-    (frontend_settings, "batch_size_default", "POC_BATCH_SIZE_DEFAULT", "64", "8", 32, 64, 8),
+    (backend_settings, "batch_size_default", "POC_BATCH_SIZE_DEFAULT", "64", "8", 32, 64, 8),
 ]
 
 
@@ -101,8 +101,8 @@ def test_settings_frontend_id_defaults_to_host_pid():
     (frontend_settings, ["--backend-timeout-s", "-1"], {}, ["--backend-timeout-s"]),
     (frontend_settings, ["--breaker-misses", "0"], {}, ["--breaker-misses"]),
     (frontend_settings, ["--pow-wait-timeout-s", "0"], {}, ["--pow-wait-timeout-s"]),
-    (frontend_settings, [], {"POC_BATCH_SIZE_DEFAULT": "0"}, ["--batch-size-default", "POC_BATCH_SIZE_DEFAULT"]),
-    (frontend_settings, [], {"POC_BATCH_SIZE_DEFAULT": "many"}, ["POC_BATCH_SIZE_DEFAULT"]),
+    (backend_settings, [], {"POC_BATCH_SIZE_DEFAULT": "0"}, ["--batch-size-default"]),
+    (backend_settings, [], {"POC_BATCH_SIZE_DEFAULT": "many"}, ["POC_BATCH_SIZE_DEFAULT"]),
 ])
 def test_settings_bad_value_raises_settings_error_naming_it(module, argv, environ, names):
     with pytest.raises(SettingsError) as info:
@@ -161,7 +161,7 @@ def test_settings_readme_mentions_every_env_name(module):
 
 @pytest.fixture
 def curve_files(tmp_path) -> dict[str, Path]:
-    from backend.curve_keys import create_key_pair
+    from backend.tools.curve_keys import create_key_pair
     server_public, server_secret = create_key_pair(tmp_path / "server", "server")
     client_public, client_secret = create_key_pair(tmp_path / "client", "client")
     clients = tmp_path / "clients"

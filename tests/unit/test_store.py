@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from backend.store import SCHEMA_VERSION, Store, StoreError
+from backend.pow.store import SCHEMA_VERSION, Store, StoreError
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 import structlog
 
-from backend.store import Store, StoreError
+from backend.pow.store import Store, StoreError
 
 log = structlog.get_logger(__name__)
 

@@ -1,8 +1,8 @@
 """The Gonka PoC API's decisions, in the engine thread: mining round, gating, generate jobs, callbacks.
 
-Handlers change state and reply; `feed()` keeps the artifact queue supplied between engine steps. The queue
-(SQLite) and the callback sender (its own thread) are passed in; nothing here blocks on I/O except /stop's
-bounded flush, which runs on a short-lived thread of its own.
+Handlers change state and reply; `feed()` keeps the artifact queue supplied between engine steps, and the loop
+runs its batches (`run_batch`). The queue (SQLite) and the callback sender (its own thread) are passed in;
+nothing here blocks on I/O except /stop's bounded flush, which runs on a short-lived thread of its own.
 """
 
 from __future__ import annotations
@@ -15,18 +15,21 @@ from dataclasses import dataclass, replace
 
 import structlog
 
-from backend.artifact_queue import ArtifactQueue, ArtifactTask
 from backend.engine.poc import ArtifactJob
-from backend.errors import POC_GATE_MESSAGE
-from backend.jobs import GenerateQueue, Job, QueueFull
-from backend.pow_results import (
+from backend.errors import RequestError, gate_error, pow_error
+from backend.pow.artifact_queue import ArtifactQueue, ArtifactTask
+from backend.pow.callbacks import CallbackSender
+from backend.pow.jobs import GenerateQueue, Job, QueueFull
+from backend.pow.store import Store
+from backend.settings import BackendSettings
+from backend.pow.results import (
     artifact_dict, generated_payload, job_message, job_request, job_result, job_view, job_view_queued,
     validated_payload, view_from_result,
 )
 from poc.errors import PocInputError
 from poc.manager import MiningRound, RoundSpec
 from protocol.common import ErrorInfo
-from protocol.poc import Artifact
+from protocol.poc import Artifact, PocArtifactsReply, PocArtifactsRequest
 from protocol.pow import (
     PowGenerateRequest, PowInitRequest, PowJobReply, PowJobRequest, PowParams, PowStatusReply,
     PowStatusRequest, PowStopRequest, RoundConfig, RoundStats,
@@ -34,12 +37,7 @@ from protocol.pow import (
 
 log = structlog.get_logger(__name__)
 
-from backend.pow_results import ENCODING  # noqa: E402
-
-
-
-def _err(status: int, message: str, param: str | None = None, type: str = "") -> ErrorInfo:
-    return ErrorInfo(status=status, message=message, param=param, type=type)
+from backend.pow.results import ENCODING  # noqa: E402
 
 
 @dataclass
@@ -51,25 +49,57 @@ class _WaitingCall:
 
 
 class PowService:
-    def __init__(self, *, artifacts: ArtifactQueue, jobs: GenerateQueue, callbacks, send: Callable,
-                 abort_chat: Callable[[ErrorInfo], int], model_names: list[str], mode: str,
-                 default_batch_size: int, stop_flush_timeout_s: float = 5.0) -> None:
+    def __init__(self, *, artifacts: ArtifactQueue, jobs: GenerateQueue, callbacks, send: Callable, chat,
+                 model_names: list[str], mode: str, default_batch_size: int,
+                 stop_flush_timeout_s: float = 5.0) -> None:
         self.artifacts = artifacts
         self.jobs = jobs
         self.callbacks = callbacks
         self._send = send
-        self._abort_chat = abort_chat
+        # The chat request table: gated (and its requests aborted) while an exclusive-mode round mines.
+        self._chat = chat
         self.model_names = model_names
         self.mode = mode
         self.default_batch_size = default_batch_size
         self.stop_flush_timeout_s = stop_flush_timeout_s
         self.round: MiningRound | None = None
-        self.is_gating_chat = False
         self._mining_in_queue = False
         self._job_in_queue = False
         self._waiting: deque[_WaitingCall] = deque()
         self.num_validations = 0
         self.num_nonces = 0
+
+    def handlers(self) -> dict[type, Callable]:
+        return {PowInitRequest: self.on_init, PowGenerateRequest: self.on_generate, PowJobRequest: self.on_job,
+                PowStatusRequest: self.on_status, PowStopRequest: self.on_stop,
+                PocArtifactsRequest: self.on_artifacts}
+
+    # --- the loop's view ---
+
+    def has_work(self) -> bool:
+        """Batches queued, or work that feed() could turn into batches."""
+        return len(self.artifacts) > 0 or self.has_pending()
+
+    def has_batch(self) -> bool:
+        return len(self.artifacts) > 0
+
+    @property
+    def is_blocked(self) -> bool:
+        """The last batch found no free KV blocks: an engine step should free some first."""
+        return self.artifacts.is_blocked
+
+    @property
+    def iterations(self):
+        return self.artifacts.iterations
+
+    def run_batch(self) -> None:
+        self.artifacts.run_batch()
+
+    def unblock(self) -> None:
+        self.artifacts.unblock()
+
+    def on_timer(self) -> None:
+        self.jobs.prune_expired()
 
     # --- handlers ---
 
@@ -78,23 +108,23 @@ class PowService:
         try:
             self._check_params(msg.params)
             if self.round is not None:
-                raise _Refused(_err(409, "Already generating", type="Conflict"))
+                raise pow_error(409, "Already generating")
             n = msg.node
             spec = RoundSpec(n.block_hash, n.block_height, n.public_key, n.node_id, n.node_count, msg.group_id,
                              msg.n_groups, msg.params.seq_len, msg.params.k_dim,
                              msg.batch_size or self.default_batch_size, msg.url, msg.stronger_rng)
             self._start_round(spec)
             reply.status, reply.config, reply.stats = self._status()
-        except _Refused as e:
-            reply.error = e.info
+        except RequestError as e:
+            reply.error = e.info()
         self._send(identity, reply)
 
     def on_generate(self, identity: bytes, msg: PowGenerateRequest) -> None:
         try:
             self._check_params(msg.params)
             self._check_job(msg)
-        except _Refused as e:
-            self._send(identity, PowJobReply(rid=msg.rid, error=e.info))
+        except RequestError as e:
+            self._send(identity, PowJobReply(rid=msg.rid, error=e.info()))
             return
         if msg.wait:
             self._waiting.append(_WaitingCall(identity, msg))
@@ -104,7 +134,7 @@ class PowService:
         def persisted(error: BaseException | None) -> None:
             # Answered only once the job is on disk: an accepted job survives a crash.
             if error is not None:
-                info = _err(503, f"could not persist the job: {error}", type="Service Unavailable")
+                info = pow_error(503, f"could not persist the job: {error}").info()
                 self._send(identity, PowJobReply(rid=msg.rid, error=info))
             else:
                 self._send(identity, PowJobReply(rid=msg.rid, job=job_view_queued(job_id, len(msg.nonces))))
@@ -112,16 +142,27 @@ class PowService:
         try:
             self.jobs.enqueue(job_id, job_request(msg), len(msg.nonces), on_persisted=persisted)
         except QueueFull as e:
-            self._send(identity, PowJobReply(rid=msg.rid, error=_err(
-                429, f"Queue full: {e.queued} nonces queued, limit is {e.limit}", type="Too Many Requests")))
+            self._send(identity, PowJobReply(rid=msg.rid, error=e.info()))
 
     def on_job(self, identity: bytes, msg: PowJobRequest) -> None:
         job = self.jobs.get(msg.job_id)
         if job is None:
-            error = _err(404, f"Request {msg.job_id} not found", type="Not Found")
+            error = pow_error(404, f"Request {msg.job_id} not found").info()
             self._send(identity, PowJobReply(rid=msg.rid, error=error))
             return
         self._send(identity, PowJobReply(rid=msg.rid, job=job_view(job)))
+
+    def on_artifacts(self, identity: bytes, msg: PocArtifactsRequest) -> None:
+        """Artifacts for explicit nonces, between engine steps (the direct API: no round, no callbacks)."""
+        def done(artifacts, error) -> None:
+            self._send(identity, PocArtifactsReply(rid=msg.rid, artifacts=artifacts, error=error))
+
+        job = ArtifactJob(block_hash=msg.block_hash, public_key=msg.public_key, nonces=tuple(msg.nonces),
+                          seq_len=msg.seq_len, k_dim=msg.k_dim, stronger_rng=msg.stronger_rng)
+        try:
+            self.artifacts.submit(ArtifactTask(job=job, done=done))
+        except PocInputError as e:
+            done([], RequestError(e.message, param=e.field).info())
 
     def on_status(self, identity: bytes, msg: PowStatusRequest) -> None:
         status, config, stats = self._status()
@@ -130,7 +171,7 @@ class PowService:
     def on_stop(self, identity: bytes, msg: PowStopRequest) -> None:
         was = self.round
         self.round = None
-        self.is_gating_chat = False
+        self._chat.ungate()
         self.artifacts.discard(lambda task: task.tag == "mining")
         self._mining_in_queue = False
         num_cancelled = self.jobs.cancel_all()
@@ -182,36 +223,30 @@ class PowService:
 
     def _check_params(self, params: PowParams) -> None:
         if params.model not in self.model_names:
-            raise _Refused(_err(409, f"params mismatch: requested model {params.model!r}, "
-                                     f"deployed {self.model_names}", param="params.model", type="Conflict"))
+            raise pow_error(409, f"params mismatch: requested model {params.model!r}, deployed {self.model_names}",
+                            param="params.model")
 
     def _check_job(self, msg: PowGenerateRequest) -> None:
         if msg.validation is not None and {a.nonce for a in msg.validation} != set(msg.nonces):
-            raise _Refused(_err(400, "validation.artifacts nonces must match nonces field",
-                                param="validation.artifacts"))
+            raise pow_error(400, "validation.artifacts nonces must match nonces field", param="validation.artifacts")
         try:
             self.artifacts.check(_artifact_job(msg, msg.nonces))
         except PocInputError as e:
-            raise _Refused(_err(400, e.message, param=_param_path(e.field))) from e
+            raise pow_error(400, e.message, param=_param_path(e.field)) from e
 
     def _start_round(self, spec: RoundSpec) -> None:
         try:
             self.artifacts.check(ArtifactJob(spec.block_hash, spec.public_key, (0,), spec.seq_len, spec.k_dim,
                                              spec.stronger_rng))
         except PocInputError as e:
-            raise _Refused(_err(400, e.message, param=_param_path(e.field))) from e
+            raise pow_error(400, e.message, param=_param_path(e.field)) from e
         # Each mining batch is materialised as a list of nonces: a client's batch_size of billions would exhaust
         # memory. One forward takes at most max_batch nonces anyway, so taking more per batch gains nothing.
         spec = replace(spec, batch_size=min(spec.batch_size, self.artifacts.max_batch(spec.seq_len)))
         mining = MiningRound(spec)
         if self.mode == "exclusive":
-            # Order matters: gate on (no new chat) → abort in flight → start; any failure turns the gate off.
-            self.is_gating_chat = True
-            try:
-                num_aborted = self._abort_chat(_err(503, POC_GATE_MESSAGE, type="service_unavailable"))
-            except Exception:
-                self.is_gating_chat = False
-                raise
+            # Gate on (no new chat), abort what is in flight, then start; a failure turns the gate off again.
+            num_aborted = self._chat.gate(gate_error().info())
             log.info("chat_gated_for_poc", num_aborted=num_aborted)
         self.round = mining
         log.info("poc_round_started", block_height=spec.block_height, node_id=spec.node_id,
@@ -278,12 +313,6 @@ class PowService:
         self._job_in_queue = True
 
 
-class _Refused(Exception):
-    def __init__(self, info: ErrorInfo) -> None:
-        super().__init__(info.message)
-        self.info = info
-
-
 def _param_path(field: str) -> str:
     return f"params.{field}" if field in ("seq_len", "k_dim") else field
 
@@ -292,3 +321,18 @@ def _artifact_job(msg: PowGenerateRequest, nonces) -> ArtifactJob:
     n = msg.node
     return ArtifactJob(n.block_hash, n.public_key, tuple(nonces), msg.params.seq_len, msg.params.k_dim,
                        msg.stronger_rng)
+
+
+def build_pow_service(settings: BackendSettings, artifacts: ArtifactQueue, chat, send: Callable, store: Store,
+                      model_names: list[str]) -> PowService:
+    """The PoC API with its queue and callback sender, restored from the store (queued jobs, undelivered
+    callbacks)."""
+    jobs = GenerateQueue(store, max_queued_nonces=settings.max_queued_nonces, result_ttl_s=settings.result_ttl_s)
+    jobs.load()
+    callbacks = CallbackSender(store, interval_s=settings.callback_interval_s,
+                               max_retries=settings.callback_max_retries, max_outbox=settings.callback_queue_size,
+                               max_concurrent=settings.callback_max_concurrent)
+    log.info("pow_state_loaded", num_queued_jobs=jobs.num_queued, num_undelivered_callbacks=callbacks.backlog)
+    return PowService(artifacts=artifacts, jobs=jobs, callbacks=callbacks, send=send, chat=chat,
+                      model_names=model_names, mode=settings.scheduling_mode,
+                      default_batch_size=settings.batch_size_default, stop_flush_timeout_s=settings.stop_flush_timeout_s)

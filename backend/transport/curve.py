@@ -24,8 +24,9 @@ from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
 
 from backend.settings import reload_curve_clients
-from protocol.config import SettingsError
-from protocol.curve import KeyFile, PublicKeys
+from common.config import SettingsError
+from common.curve import KeyFile, PublicKeys
+from common.sockets import make_socket
 
 log = structlog.get_logger(__name__)
 
@@ -63,8 +64,7 @@ class CurveGate:
 
     def open(self, ctx: zmq.Context, router: zmq.Socket) -> list[zmq.Socket]:
         """Makes `router` a CURVE server behind this handler. Call before it binds; poll the sockets returned."""
-        self._zap = ctx.socket(zmq.REP)
-        self._zap.setsockopt(zmq.LINGER, 0)
+        self._zap = make_socket(ctx, zmq.REP)
         self._zap.bind(ZAP_ENDPOINT)
         router.curve_server = True
         router.curve_secretkey = self._keys.secret_key

@@ -25,8 +25,8 @@ from typing import Any
 
 import structlog
 
-from backend.errors import RequestError
-from backend.store import Store
+from backend.errors import RequestError, pow_error
+from backend.pow.store import Store
 
 log = structlog.get_logger(__name__)
 
@@ -42,7 +42,8 @@ class QueueFull(RequestError):
     """Accepting the job would put more nonces in the queue (queued + running) than the limit allows."""
 
     def __init__(self, queued: int, limit: int) -> None:
-        super().__init__(f"Queue full: {queued} nonces queued, limit is {limit}", status=429)
+        error = pow_error(429, f"Queue full: {queued} nonces queued, limit is {limit}")
+        super().__init__(error.message, status=error.status, type=error.type)
         self.queued = queued
         self.limit = limit
 

@@ -1,7 +1,7 @@
 """Writes a CURVE key pair for the ZMQ link: NAME.key (public: hand it out) and NAME.key_secret (keep it).
 
-    python -m backend.curve_keys keys/backend --name backend        # the backend's pair
-    python -m backend.curve_keys keys/frontend-1 --name frontend-1  # a frontend's pair
+    python -m backend.tools.curve_keys keys/backend --name backend        # the backend's pair
+    python -m backend.tools.curve_keys keys/frontend-1 --name frontend-1  # a frontend's pair
     cp keys/frontend-1/frontend-1.key keys/clients/                  # authorise it (the backend's clients dir)
 
 Only pyzmq is needed, so this runs on any machine with the repo. Both files are created readable by the owner
@@ -35,7 +35,7 @@ def create_key_pair(directory: Path, name: str) -> tuple[Path, Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m backend.curve_keys", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m backend.tools.curve_keys", description=__doc__.splitlines()[0])
     p.add_argument("directory", type=Path, help="where to write the two files (created if missing)")
     p.add_argument("--name", required=True, help="file name stem: backend, frontend-1, probe ...")
     args = p.parse_args(argv)

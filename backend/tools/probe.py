@@ -1,8 +1,8 @@
 """Operator's probe: talks to a backend socket like a frontend and prints what it sees.
 
-    python -m backend.probe --address ipc:///tmp/pocserve/backend.ipc           # one report
-    python -m backend.probe --watch --interval-s 2                                # refresh
-    python -m backend.probe --once --timeout-s 3                                  # healthcheck: exit 0/1
+    python -m backend.tools.probe --address ipc:///tmp/pocserve/backend.ipc           # one report
+    python -m backend.tools.probe --watch --interval-s 2                                # refresh
+    python -m backend.tools.probe --once --timeout-s 3                                  # healthcheck: exit 0/1
 
 Against a CURVE backend give it a key pair the backend authorises, with the frontend's flags or variables
 (--curve-client-secret-key-file, --curve-server-public-key-file).
@@ -10,10 +10,10 @@ Against a CURVE backend give it a key pair the backend authorises, with the fron
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import msgspec
 import zmq
@@ -21,23 +21,38 @@ import zmq
 from backend.settings import DEFAULT_ADDRESS
 from protocol.codec import frontend_codec
 from protocol.common import BackendStats, Fingerprint
-from protocol.config import Option, SettingsError
+from common.config import SettingsError, load, option, setting
+from common.sockets import make_socket
+from common.curve import KeyFile, check_client_keys, client_key_setting, server_key_setting, set_client_keys
 from protocol.control import HelloRequest, PingRequest, PongReply, ReadyReply
-from protocol.curve import KeyFile, load_public_key_file, load_secret_key_file, set_client_keys
 from protocol.version import PROTOCOL_VERSION
 
-# The frontend's CURVE settings (same flags and variables): the probe connects like a frontend.
-_CURVE_KEYS = Option("curve_client_secret_key_file", "POCSERVE_CURVE_CLIENT_SECRET_KEY_FILE", "",
-                     "CURVE: the probe's secret key file (NAME.key_secret), authorised by the backend")
-_CURVE_SERVER = Option("curve_server_public_key_file", "POCSERVE_CURVE_SERVER_PUBLIC_KEY_FILE", "",
-                       "CURVE: the backend's public key file (NAME.key)")
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    address: str = setting("POCSERVE_BACKEND_ADDRESS", DEFAULT_ADDRESS, "ZMQ address of the backend")
+    # The frontend's CURVE settings (same flags and variables): the probe connects like a frontend.
+    curve_client_secret_key_file: KeyFile | None = client_key_setting()
+    curve_server_public_key_file: KeyFile | None = server_key_setting()
+    timeout_s: float = setting("POCSERVE_PROBE_TIMEOUT_S", 2.0, "how long to wait for each answer")
+    watch: bool = setting("POCSERVE_PROBE_WATCH", False, "refresh until interrupted")
+    interval_s: float = setting("POCSERVE_PROBE_INTERVAL_S", 2.0, "refresh period with --watch")
+    once: bool = setting("POCSERVE_PROBE_ONCE", False, "healthcheck: print one line, exit 0 if ready")
+
+
+def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> ProbeSettings:
+    s = load(ProbeSettings, "pocserve-probe", __doc__.splitlines()[0], argv, environ)
+    check_client_keys(s.curve_client_secret_key_file, s.curve_server_public_key_file, s.address,
+                      option(ProbeSettings, "address").names)
+    if s.timeout_s <= 0 or s.interval_s <= 0:
+        raise SettingsError("--timeout-s and --interval-s must be positive")
+    return s
 
 
 class Probe:
     def __init__(self, address: str, timeout_s: float, curve: tuple[KeyFile, KeyFile] | None = None) -> None:
         self.codec = frontend_codec()
-        self.sock = zmq.Context.instance().socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock = make_socket(zmq.Context.instance(), zmq.DEALER)
         if curve is not None:
             set_client_keys(self.sock, *curve)
         self.sock.connect(address)
@@ -94,23 +109,13 @@ def render(address: str, stats: BackendStats | None, rtt_s: float, ready: ReadyR
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="pocserve-probe", description=__doc__.splitlines()[0])
-    p.add_argument("--address", default=os.environ.get("POCSERVE_BACKEND_ADDRESS", DEFAULT_ADDRESS))
-    p.add_argument("--timeout-s", type=float, default=2.0)
-    p.add_argument("--watch", action="store_true", help="refresh until interrupted")
-    p.add_argument("--interval-s", type=float, default=2.0)
-    p.add_argument("--once", action="store_true", help="healthcheck: print one line, exit 0 if ready")
-    for opt in (_CURVE_KEYS, _CURVE_SERVER):
-        p.add_argument(opt.flag, default=os.environ.get(opt.env, ""), help=f"{opt.help} (env {opt.env})")
-    args = p.parse_args(argv)
     try:
-        keys = load_secret_key_file(_CURVE_KEYS, args.curve_client_secret_key_file)
-        server_key = load_public_key_file(_CURVE_SERVER, args.curve_server_public_key_file)
+        args = load_settings(argv)
     except SettingsError as e:
-        p.error(str(e))
-    if (keys is None) != (server_key is None):
-        p.error(f"{_CURVE_KEYS.flag} and {_CURVE_SERVER.flag} must be set together")
-    probe = Probe(args.address, args.timeout_s, (keys, server_key) if keys is not None else None)
+        print(f"pocserve-probe: {e}", file=sys.stderr)
+        sys.exit(2)
+    keys, server_key = args.curve_client_secret_key_file, args.curve_server_public_key_file
+    probe = Probe(args.address, args.timeout_s, (keys, server_key) if keys is not None and server_key else None)
     if args.once:
         stats, rtt = probe.ping()
         ok = stats is not None and stats.is_engine_ready

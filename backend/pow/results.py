@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from poc.validation import StatTest, validate_artifacts
+from backend.errors import pow_error
 from protocol.common import ErrorInfo
 from protocol.poc import Artifact
 from protocol.pow import JobView, PowGenerateRequest, ValidationOutcome
@@ -34,9 +35,8 @@ def job_result(msg: PowGenerateRequest, artifacts: list[Artifact],
         return {"artifacts": [artifact_dict(a) for a in artifacts], "encoding": {**ENCODING, "k_dim": k_dim}}, None
     missing = set(msg.nonces) - {a.nonce for a in artifacts}
     if missing:
-        return None, ErrorInfo(status=503, type="Service Unavailable",
-                               message=f"could not compute {len(missing)} of {len(set(msg.nonces))} nonces "
-                                       f"(non-finite hidden states), e.g. {sorted(missing)[:5]}")
+        return None, pow_error(503, f"could not compute {len(missing)} of {len(set(msg.nonces))} nonces "
+                                    f"(non-finite hidden states), e.g. {sorted(missing)[:5]}").info()
     spec = msg.stat_test
     stat = StatTest() if spec is None else StatTest(spec.dist_threshold, spec.p_mismatch, spec.fraud_threshold)
     outcome = validate_artifacts([(a.nonce, a.vector_b64) for a in artifacts],

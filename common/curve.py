@@ -1,7 +1,6 @@
 """CURVE key files for the ZMQ link: read and checked once at start, by each process's settings module.
 
-Process plumbing, not wire structs (like config.py): both processes need it and protocol/ is the package both may
-import. Key files are zmq.auth certificates, as `python -m backend.curve_keys` writes them: `NAME.key` holds the
+Process plumbing shared by both processes (like config.py). Key files are zmq.auth certificates, as `python -m backend.tools.curve_keys` writes them: `NAME.key` holds the
 Z85 public key, `NAME.key_secret` the public and the secret key. Every problem is a SettingsError naming the
 setting and the path, so a process never starts with half of its security configured.
 """
@@ -15,7 +14,9 @@ import zmq
 import zmq.auth
 from zmq.utils.z85 import Z85CHARS
 
-from protocol.config import Option, SettingsError
+from typing import Any
+
+from common.config import Option, SettingsError, setting
 
 # A CURVE key is 32 bytes, 40 characters in Z85.
 Z85_KEY_LEN = 40
@@ -37,6 +38,30 @@ class PublicKeys:
 
     path: Path
     keys: frozenset[bytes]
+
+
+def client_key_setting() -> Any:
+    """The CURVE client's own key pair setting, declared once for every client (frontend, probe)."""
+    return setting("POCSERVE_CURVE_CLIENT_SECRET_KEY_FILE", "",
+                   "CURVE: this client's secret key file (NAME.key_secret); its NAME.key must be in the backend's "
+                   "--curve-clients-dir (empty: plaintext)", type=str, convert=load_secret_key_file)
+
+
+def server_key_setting() -> Any:
+    """The backend's public key setting, for every CURVE client."""
+    return setting("POCSERVE_CURVE_SERVER_PUBLIC_KEY_FILE", "",
+                   "CURVE: the backend's public key file (NAME.key); set with --curve-client-secret-key-file",
+                   type=str, convert=load_public_key_file)
+
+
+def check_client_keys(keys: KeyFile | None, server_key: KeyFile | None, address: str, address_setting: str) -> None:
+    """Both client CURVE settings or neither, and not over inproc (no ZMTP handshake: CURVE would do nothing)."""
+    if (keys is None) != (server_key is None):
+        raise SettingsError("--curve-client-secret-key-file / POCSERVE_CURVE_CLIENT_SECRET_KEY_FILE and "
+                            "--curve-server-public-key-file / POCSERVE_CURVE_SERVER_PUBLIC_KEY_FILE must be set "
+                            "together")
+    if keys is not None and address.startswith("inproc://"):
+        raise SettingsError(f"{address_setting}: CURVE needs an ipc:// or tcp:// address")
 
 
 def set_client_keys(sock: zmq.Socket, keys: KeyFile, server_key: KeyFile) -> None:

@@ -6,7 +6,7 @@ on one host are checked on another. Hence: JSON files are hand-written with fixe
 safetensors file is streamed by hand (no library layout choices), weights come from per-tensor
 PCG64 streams and are rounded to bf16 with explicit integer arithmetic.
 
-    python -m backend.modelgen --out DIR [--shape tiny|qwen3-0.6b] [--seed 0] [--force]
+    python -m backend.tools.modelgen --out DIR [--shape tiny|qwen3-0.6b] [--seed 0] [--force]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import structlog
 
-from protocol.logs import configure_logging
+from common.logs import configure_logging
 
 logger = structlog.get_logger(__name__)
 

@@ -56,6 +56,15 @@ _SCHEMA = (
 _MAX_BATCH = 256
 
 
+DB_NAME = "pocserve.db"
+
+
+def open_store(state_dir: Path) -> Store:
+    """The backend's database in `state_dir` (created if missing); StoreError if it cannot be used."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    return Store(state_dir / DB_NAME)
+
+
 class StoreError(Exception):
     """The database cannot be opened or used (locked, corrupt, not SQLite, closed); the message names the path."""
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 import structlog
 
 from backend.engine.poc import ArtifactJob, NoFreeBlocks
+from backend.errors import RequestFailed
+from backend.iterations import IterationHistogram
 from protocol.common import ErrorInfo
 from protocol.poc import Artifact
 
@@ -36,6 +38,8 @@ class ArtifactQueue:
         self._runner = runner
         self._tasks: deque[ArtifactTask] = deque()
         self.is_blocked = False
+        # One observation (tokens = nonces × seq_len) per forward: PoC work moves vllm:iteration_tokens_total too.
+        self.iterations = IterationHistogram()
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -72,9 +76,10 @@ class ArtifactQueue:
         except Exception as e:  # one job failed in the worker; the engine may still be fine
             log.exception("poc_batch_failed", num_nonces=len(batch))
             self._tasks.popleft()
-            task.done([], ErrorInfo(status=500, message=f"PoC forward failed: {e}", type="InternalServerError"))
+            task.done([], RequestFailed(f"PoC forward failed: {e}").info())
             return
         self.is_blocked = False
+        self.iterations.observe(num_run * task.job.seq_len)
         task.artifacts.extend(Artifact(nonce=n, vector_b64=v) for n, v in artifacts)
         del task.remaining[:num_run]
         if not task.remaining:

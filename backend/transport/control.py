@@ -14,8 +14,10 @@ from collections import OrderedDict
 import msgspec
 import structlog
 
+from backend.iterations import ITERATION_TOKEN_BOUNDS
 from protocol.common import BackendStats, Fingerprint
 from protocol.control import HelloRequest, PingRequest, PongReply, ReadyReply
+from protocol.processor import ProcessorStats
 from protocol.version import PROTOCOL_VERSION
 
 log = structlog.get_logger(__name__)
@@ -32,6 +34,8 @@ class ControlPlane:
         self.fingerprint: Fingerprint | None = None
         # Replaced (never mutated) by the engine thread.
         self.snapshot: BackendStats | None = None
+        # Replaced (never mutated) by the io thread: what the processor process counted of chat.
+        self.chat_stats: ProcessorStats | None = None
         self.snapshot_at = time.monotonic()
         self.frontends: dict[bytes, str] = {}
         self._lost: OrderedDict[bytes, str] = OrderedDict()
@@ -76,5 +80,20 @@ class ControlPlane:
             base, instance_id=self.instance_id, uptime_s=now - self.started, num_frontends=len(self.frontends),
             num_rejected_frames=num_rejected_frames, outbox_depth=outbox_depth,
             num_curve_refusals=num_curve_refusals,
-            is_engine_ready=self.fingerprint is not None, engine_heartbeat_age_s=now - self.snapshot_at)
+            is_engine_ready=self.fingerprint is not None, engine_heartbeat_age_s=now - self.snapshot_at,
+            **_chat_fields(self.chat_stats, base))
         return PongReply(ping_id=msg.ping_id, stats=stats)
+
+
+def _chat_fields(chat: ProcessorStats | None, base: BackendStats) -> dict:
+    """The processor's chat counters, and its per-step token histogram added to the engine's (PoC batches)."""
+    if chat is None:
+        return {}
+    counts = list(chat.iteration_tokens_counts)
+    for i, n in enumerate(base.iteration_tokens_counts[:len(counts)]):
+        counts[i] += n
+    return {"iteration_tokens_bounds": [float(b) for b in ITERATION_TOKEN_BOUNDS],
+            "num_prompt_tokens": chat.num_prompt_tokens, "num_generation_tokens": chat.num_generation_tokens,
+            "num_finished_requests": chat.num_finished_requests, "iteration_tokens_counts": counts,
+            "iteration_tokens_sum": chat.iteration_tokens_sum + base.iteration_tokens_sum,
+            "iteration_tokens_count": chat.iteration_tokens_count + base.iteration_tokens_count}

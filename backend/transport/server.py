@@ -1,8 +1,9 @@
-"""The backend's ROUTER socket and the two I/O threads around it.
+"""The backend's ROUTER socket, its link to the processor process, and the two I/O threads around them.
 
 Threads and ownership (a zmq socket is used by exactly one thread):
-- io thread: owns the ROUTER and an inproc PULL. It decodes incoming frames into typed messages and puts
-  `(identity, msg)` on the inbox; it forwards encoded replies from the PULL to the ROUTER.
+- io thread: owns the ROUTER, the link's PAIR and an inproc PULL. It decodes incoming frames into typed messages
+  and puts `(identity, msg)` on the inbox; it forwards encoded replies from the PULL to the ROUTER or the link,
+  and the processor's encoded deltas from the link to the ROUTER, unread.
 - encode thread: owns the inproc PUSH. It takes `(identity, msg)` from the outbox, encodes, pushes.
 The engine thread therefore never touches a socket and never encodes.
 With CURVE on, the io thread also runs the ROUTER's CurveGate (ZAP handler and handshake monitor, backend/curve.py).
@@ -20,29 +21,25 @@ import msgspec
 import structlog
 import zmq
 
+from common.sockets import make_socket
 from protocol.codec import backend_codec
-from backend.control import ControlPlane
-from backend.curve import CurveGate
-from backend.peers import FrontendLost, PeerTable
-from protocol.common import ErrorInfo
+from backend.transport.control import ControlPlane
+from backend.transport.curve import CurveGate
+from backend.transport.peers import FrontendLost, PeerTable
+from backend.errors import RequestError
 from protocol.control import DeadEvent, ErrorReply, HelloRequest, PingRequest
+from protocol.processor import FORWARD, ProcessorStats
 
 log = structlog.get_logger(__name__)
 
 # An outbox item addressed to this identity goes to every frontend seen so far.
 BROADCAST = b""
+# The identity of the processor process (outbox items for it, inbox items from it). ZMQ's own routing ids are
+# 5 bytes, frontends' start with "fe-": no peer of the ROUTER can have it.
+LINK = b"\x00pocserve-processor-link"
 _POLL_MS = 100
 # Frames read before a sweep, at most (see _sweep).
 _MAX_DRAIN_FRAMES = 1000
-
-
-def make_socket(ctx: zmq.Context, kind: int, *, linger_ms: int = 0) -> zmq.Socket:
-    """One factory for every socket: unbounded HWM (backpressure is the loop's job), explicit linger."""
-    sock = ctx.socket(kind)
-    sock.setsockopt(zmq.SNDHWM, 0)
-    sock.setsockopt(zmq.RCVHWM, 0)
-    sock.setsockopt(zmq.LINGER, linger_ms)
-    return sock
 
 
 def is_exposed(address: str) -> bool:
@@ -59,7 +56,7 @@ class SocketServer:
     def __init__(
         self, ctx: zmq.Context, address: str, inbox: queue.Queue, control: ControlPlane, *,
         configure: Callable[[zmq.Socket], None] | None = None, gate: CurveGate | None = None,
-        peers: PeerTable | None = None,
+        peers: PeerTable | None = None, link_address: str | None = None,
     ) -> None:
         self._ctx = ctx
         self.control = control
@@ -67,6 +64,9 @@ class SocketServer:
         self._inbox = inbox
         self._configure = configure
         self._gate = gate
+        # Bound by the io thread for the processor process; its codec comes with attach_link (it imports vLLM).
+        self._link_address = link_address
+        self._link_codec = None
         self.outbox: queue.Queue = queue.Queue()
         self._pipe_addr = f"inproc://pocserve-out-{id(self):x}"
         self._stop = threading.Event()
@@ -88,8 +88,12 @@ class SocketServer:
             raise self._error
         self._threads[1].start()
 
-    def send(self, identity: bytes, msg: msgspec.Struct) -> None:
-        """Thread-safe; BROADCAST sends to every peer seen so far."""
+    def attach_link(self, codec) -> None:
+        """The link's codec (backend/processor/link.py EngineSide); before the processor process starts."""
+        self._link_codec = codec
+
+    def send(self, identity: bytes, msg) -> None:
+        """Thread-safe; BROADCAST sends to every peer seen so far, LINK to the processor process."""
         self.outbox.put((identity, msg))
 
     def send_dead(self, event: DeadEvent) -> None:
@@ -114,7 +118,8 @@ class SocketServer:
         try:
             while (item := self.outbox.get()) is not None:
                 identity, msg = item
-                push.send_multipart([identity, codec.encode(msg)], copy=False)
+                frames = self._link_codec.encode(msg) if identity == LINK else [codec.encode(msg)]
+                push.send_multipart([identity, *frames], copy=False)
         finally:
             push.close()
 
@@ -130,6 +135,10 @@ class SocketServer:
             router.bind(self._address)
             pull = make_socket(self._ctx, zmq.PULL)
             pull.bind(self._pipe_addr)
+            link = None
+            if self._link_address is not None:
+                link = make_socket(self._ctx, zmq.PAIR)
+                link.bind(self._link_address)
         except BaseException as e:  # reported to start() in the caller's thread
             self._error = e
             self._ready.set()
@@ -141,7 +150,7 @@ class SocketServer:
             log.warning("backend_socket_plaintext", address=self._address,
                         hint="whoever reaches this address can drive the backend; see CURVE in the README")
         poller = zmq.Poller()
-        for sock in (router, pull, *gate_sockets):
+        for sock in (router, pull, *gate_sockets, *([link] if link is not None else [])):
             poller.register(sock, zmq.POLLIN)
         try:
             while not self._stop.is_set():
@@ -149,25 +158,48 @@ class SocketServer:
                 if router in events:
                     self._on_frames(router, codec, router.recv_multipart(copy=False))
                 if pull in events:
-                    identity, payload = pull.recv_multipart(copy=False)
-                    self._deliver(router, identity.bytes, payload)
+                    self._deliver(router, link, pull.recv_multipart(copy=False))
+                if link is not None and link in events:
+                    self._on_link(router, link.recv_multipart(copy=False))
                 if self._gate is not None:
                     self._gate.on_events(events)
                 if self.peers.is_sweep_due():
                     self._sweep(router, codec)
             while pull.poll(0):  # flush replies queued before stop
-                identity, payload = pull.recv_multipart(copy=False)
-                self._deliver(router, identity.bytes, payload)
+                self._deliver(router, link, pull.recv_multipart(copy=False))
         finally:
             router.close()
             pull.close()
+            if link is not None:
+                link.close()
             if self._gate is not None:
                 self._gate.close()
 
-    def _deliver(self, router: zmq.Socket, identity: bytes, payload) -> None:
+    def _deliver(self, router: zmq.Socket, link: zmq.Socket | None, frames: list) -> None:
+        identity = frames[0].bytes
+        if identity == LINK:
+            if link is not None:
+                try:
+                    # Never blocks the io thread: a processor that is gone is the engine loop's to notice.
+                    link.send_multipart(frames[1:], copy=False, flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    log.warning("processor_link_unwritable")
+            return
         targets = list(self.peers) if identity == BROADCAST else [identity]
         for peer in targets:
-            router.send_multipart([peer, payload], copy=False)
+            router.send_multipart([peer, frames[1]], copy=False)
+
+    def _on_link(self, router: zmq.Socket, frames: list) -> None:
+        if frames[0].bytes == FORWARD:
+            if self.dead is None:
+                for i in range(1, len(frames) - 1, 2):
+                    router.send_multipart(frames[i:i + 2], copy=False)
+            return
+        msg = self._link_codec.decode(frames)
+        if isinstance(msg, ProcessorStats):
+            self.control.chat_stats = msg  # replaced, never mutated: pongs read it as they are built
+        else:
+            self._inbox.put((LINK, msg))
 
     def _on_frames(self, router: zmq.Socket, codec, frames: list) -> None:
         identity = frames[0].bytes
@@ -212,7 +244,7 @@ class SocketServer:
         self.num_rejected_frames += 1
         if self.num_rejected_frames <= 10 or self.num_rejected_frames % 1000 == 0:
             log.warning("frame_rejected", reason=reason[:200], num_rejected=self.num_rejected_frames)
-        reply = ErrorReply(error=ErrorInfo(status=400, message=reason[:500], type="BadRequestError"))
+        reply = ErrorReply(error=RequestError(reason[:500]).info())
         router.send_multipart([identity, codec.encode(reply)])
 
 

@@ -1,0 +1,38 @@
+"""vLLM's engine arguments from the backend settings: the one place both backend processes build them from."""
+
+from __future__ import annotations
+
+from vllm.config import StructuredOutputsConfig
+from vllm.engine.arg_utils import EngineArgs
+from vllm.usage.usage_lib import UsageContext
+
+from backend.settings import BackendSettings
+
+# vllm serve's context: its defaults for max_num_seqs and max_num_batched_tokens where we pass none.
+USAGE_CONTEXT = UsageContext.OPENAI_API_SERVER
+
+
+def _structured_outputs_config(settings: BackendSettings) -> StructuredOutputsConfig:
+    if settings.json_whitespace:
+        return StructuredOutputsConfig()
+    # Compact JSON is an xgrammar/guidance option; xgrammar is what vLLM picks by default anyway.
+    return StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True)
+
+
+def engine_args(settings: BackendSettings) -> EngineArgs:
+    return EngineArgs(
+        model=str(settings.model), served_model_name=[settings.model_name], dtype=settings.dtype,
+        max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+        tensor_parallel_size=settings.tensor_parallel_size, enforce_eager=settings.enforce_eager,
+        # The engine always computes processed logprobs; rows asking for raw ones get them from the
+        # enforced-sampling wrapper (sampling/enforced.py), so the mode can differ per request.
+        logprobs_mode="processed_logprobs", seed=settings.seed,
+        block_size=settings.block_size or None, enable_prefix_caching=True,
+        structured_outputs_config=_structured_outputs_config(settings),
+        worker_extension_cls="backend.engine.worker_extension.WorkerExtension",
+        # The fork runs every model with vLLM's custom ops (spec §1.6): the PoC forward's numerics, and
+        # its eager speed (native ops are ~2x slower there), follow this set on every node.
+        compilation_config={"custom_ops": ["all"]},
+    )

@@ -1,0 +1,32 @@
+"""Builds the processor's vLLM pieces from the backend settings: the same config the engine builds, then the
+renderer (tokenizer and chat template), InputProcessor and OutputProcessor, as vLLM's own LLMEngine does."""
+
+from __future__ import annotations
+
+import os
+
+import vllm
+from vllm.renderers import renderer_from_config
+from vllm.v1.engine.input_processor import InputProcessor
+from vllm.v1.engine.output_processor import OutputProcessor
+
+from backend.engine import compat
+from backend.engine.args import USAGE_CONTEXT, engine_args
+from backend.processor.params import Vocab
+from backend.processor.prepare import Preparer
+from backend.processor.present import Presenter
+from backend.settings import BackendSettings
+from protocol.processor import ProcessorReady
+
+
+def build(settings: BackendSettings) -> tuple[Preparer, Presenter, ProcessorReady]:
+    compat.check_version(vllm.__version__)
+    config = engine_args(settings).create_engine_config(USAGE_CONTEXT)
+    renderer = renderer_from_config(config)
+    tokenizer = renderer.get_tokenizer()
+    max_model_len = int(config.model_config.max_model_len)
+    vocab_size = int(config.model_config.get_vocab_size())
+    vocab = Vocab(tokenizer, vocab_size, max_model_len)
+    preparer = Preparer(settings, InputProcessor(config, renderer), vocab, max_model_len)
+    outputs = OutputProcessor(tokenizer, log_stats=True, stream_interval=config.scheduler_config.stream_interval)
+    return preparer, Presenter(outputs, tokenizer), ProcessorReady(pid=os.getpid(), vocab_size=vocab_size)

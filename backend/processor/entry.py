@@ -1,0 +1,50 @@
+"""The processor process's entry (a multiprocessing spawn target): environment first, vLLM after."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+
+from backend.settings import BackendSettings
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """SIGTERM when the engine process dies, however it dies (a SIGKILL runs none of its cleanup)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass  # not Linux: the engine process still terminates us on every exit path it controls
+
+
+def run_processor(settings: BackendSettings, link_address: str) -> None:
+    _die_with_parent()
+    # The engine process decides when we stop (SIGTERM): a Ctrl-C or the ML node's SIGINT to the process group
+    # must not kill us before the engine process has sent its last frames through us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ["OMP_NUM_THREADS"] = "1"  # tokenizing needs no torch threads; set before torch is imported
+    from backend.engine import compat
+    compat.prepare_environment()
+
+    import structlog
+    import zmq
+
+    from backend.processor.build import build
+    from backend.processor.main import Processor
+    from common.logs import configure_logging
+    from common.sockets import make_socket
+
+    configure_logging(settings.log_format, settings.log_level)
+    try:
+        import setproctitle
+        setproctitle.setproctitle("pocserve-processor")
+    except ImportError:
+        pass
+    preparer, presenter, ready = build(settings)
+    ctx = zmq.Context()
+    link = make_socket(ctx, zmq.PAIR)
+    link.connect(link_address)
+    structlog.get_logger(__name__).info("processor_ready", pid=os.getpid())
+    Processor(ctx, link, preparer, presenter).run(ready)

@@ -1,0 +1,137 @@
+"""The processor process's entry and loop: one thread serves the link to the engine process.
+
+Spawned by the engine process (`start_processor`), it does what vLLM's API server does around its engine core,
+without HTTP: chat templates and tokenizing in, detokenizing, stop strings and logprobs out, and it sends the
+deltas straight to the frontends (through the engine process's io thread, which forwards them unread). So the
+engine thread only steps the engine, as `vllm serve`'s engine process does, and the two never share a GIL.
+
+Long prompts are tokenized on a helper thread (the tokenizer takes ~1.3 s per MB and would stall every stream's
+deltas meanwhile); it posts the result back through an inproc socket the loop polls.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import structlog
+import zmq
+
+from backend.errors import RequestError
+from backend.processor.link import ProcessorSide
+from common.sockets import make_socket
+from protocol.codec import backend_codec
+from protocol.common import ErrorInfo
+from protocol.generate import DeltasEvent, GenerateRequest
+from protocol.processor import (
+    FORWARD, ForgetRequest, PrepareFailed, Prepared, PrepareRequest, ProcessorReady, StopStringsHit,
+)
+
+log = structlog.get_logger(__name__)
+
+# Requests with more text than this are tokenized on the helper thread; 64k characters take about 0.1 s.
+INLINE_TEXT_CHARS = 64 * 1024
+# Chat statistics go to the engine process (for /metrics) at most this often.
+_STATS_INTERVAL_S = 0.25
+
+
+def text_chars(msg: GenerateRequest) -> int:
+    """Characters the tokenizer will read for this request."""
+    n = len(msg.prompt or "") + len(msg.sampling.enforced_str or "")
+    return n + sum(len(m.content) for m in msg.messages or ())
+
+
+class Processor:
+    """Serves the link: PrepareRequest → Prepared/PrepareFailed, EngineCoreOutputs → deltas to frontends."""
+
+    def __init__(self, ctx: zmq.Context, link: zmq.Socket, preparer, presenter) -> None:
+        self._link = link
+        self._codec = ProcessorSide()
+        self._frontend_codec = backend_codec()
+        self._preparer = preparer
+        self._presenter = presenter
+        # The helper thread: long prompts in, (request, outcome) out, a frame on `_wake` for each.
+        self._long: queue.Queue = queue.Queue()
+        self._done: queue.Queue = queue.Queue()
+        wake_addr = f"inproc://processor-wake-{id(self):x}"
+        self._wake = make_socket(ctx, zmq.PULL)
+        self._wake.bind(wake_addr)
+        threading.Thread(target=self._tokenize_long, args=(ctx, wake_addr), name="tokenize", daemon=True).start()
+        self._stats_at = 0.0
+        self._stats_count = -1
+
+    def run(self, ready: ProcessorReady) -> None:
+        self._link.send_multipart(self._codec.encode(ready))
+        poller = zmq.Poller()
+        poller.register(self._link, zmq.POLLIN)
+        poller.register(self._wake, zmq.POLLIN)
+        while True:
+            events = dict(poller.poll(100))
+            if self._link in events:
+                self._on_link(self._codec.decode(self._link.recv_multipart(copy=False)))
+            if self._wake in events:
+                self._wake.recv()
+                self._admit(*self._done.get_nowait())
+            self._publish_stats()
+
+    def _on_link(self, msg) -> None:
+        match msg:
+            case PrepareRequest():
+                if text_chars(msg.request) > INLINE_TEXT_CHARS:
+                    self._long.put(msg)
+                else:
+                    self._admit(msg, self._tokenize(msg))
+            case ForgetRequest():
+                self._presenter.forget(msg.engine_rids)
+            case _:  # EngineCoreOutputs
+                self._present(msg)
+
+    def _tokenize(self, msg: PrepareRequest):
+        try:
+            return self._preparer.tokenize(msg.request)
+        except Exception as e:  # reported by _admit, like an error in vLLM's own checks
+            return e
+
+    def _tokenize_long(self, ctx: zmq.Context, wake_addr: str) -> None:
+        """The helper thread (it owns its end of the wake-up socket)."""
+        wake = make_socket(ctx, zmq.PUSH)
+        wake.connect(wake_addr)
+        while True:
+            msg = self._long.get()
+            self._done.put((msg, self._tokenize(msg)))
+            wake.send(b"")
+
+    def _admit(self, msg: PrepareRequest, tokenized) -> None:
+        try:
+            if isinstance(tokenized, Exception):
+                raise tokenized
+            request = self._preparer.to_engine(msg.engine_rid, msg.request, tokenized)
+        except RequestError as e:
+            self._link.send_multipart(self._codec.encode(PrepareFailed(engine_rid=msg.engine_rid, error=e.info())))
+            return
+        except Exception as e:  # one request failed before reaching the engine; the process goes on
+            log.exception("request_prepare_failed", rid=msg.request.rid)
+            info = ErrorInfo(status=500, message=f"internal error: {e}", type="InternalServerError")
+            self._link.send_multipart(self._codec.encode(PrepareFailed(engine_rid=msg.engine_rid, error=info)))
+            return
+        self._presenter.add(request, msg.identity, msg.request.rid, msg.request.sampling.logprobs or 0)
+        reply = Prepared(engine_rid=msg.engine_rid, internal_ids=[request.request_id])
+        self._link.send_multipart(self._codec.encode(reply, [request]))
+
+    def _present(self, outputs) -> None:
+        by_frontend, stopped = self._presenter.present(outputs)
+        if by_frontend:
+            frames = [FORWARD]
+            for identity, deltas in by_frontend.items():
+                frames += [identity, self._frontend_codec.encode(DeltasEvent(deltas=deltas))]
+            self._link.send_multipart(frames, copy=False)
+        if stopped:
+            self._link.send_multipart(self._codec.encode(StopStringsHit(engine_rids=stopped)))
+
+    def _publish_stats(self) -> None:
+        now = time.monotonic()
+        stats = self._presenter.stats
+        if now - self._stats_at >= _STATS_INTERVAL_S and stats.iterations.count != self._stats_count:
+            self._stats_at, self._stats_count = now, stats.iterations.count
+            self._link.send_multipart(self._codec.encode(stats.snapshot()))

@@ -1,0 +1,86 @@
+"""Wire structs between the backend's engine process and its processor process. Wire structs only, no logic.
+
+The processor turns GenerateRequests into vLLM EngineCoreRequests (chat template, tokenizer, input checks) and
+the engine's EngineCoreOutputs into DeltasEvents (detokenizer, stop strings, logprobs), which it sends to the
+frontends through the engine process's io thread. vLLM's own structs travel as the frames that follow one of
+these headers, encoded by vLLM's MsgpackEncoder (as between vLLM's API server and its engine core).
+
+Frames on the link: [header] or [header, *vllm_frames] for the structs below, and [FORWARD, identity,
+payload, identity, payload, ...] for encoded ToFrontend messages the io thread passes on unread.
+Both ends are one build of this repository, started together: no version handshake.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+from protocol.common import ErrorInfo
+from protocol.generate import GenerateRequest
+
+# First frame of a batch of encoded messages for frontends (never a msgspec header: those are maps).
+FORWARD = b"fwd"
+
+
+class PrepareRequest(msgspec.Struct, tag="p.prepare", kw_only=True):
+    """Engine → processor: turn this request into engine requests (answered by Prepared or PrepareFailed)."""
+
+    engine_rid: str
+    # The frontend that sent it: the processor addresses that request's deltas to it.
+    identity: bytes
+    request: GenerateRequest
+
+
+class EngineOutputs(msgspec.Struct, tag="p.outputs", kw_only=True):
+    """Engine → processor: one engine step's EngineCoreOutputs follow as vLLM frames."""
+
+
+class ForgetRequest(msgspec.Struct, tag="p.forget", kw_only=True):
+    """Engine → processor: these requests were aborted (or refused after preparing): drop their state."""
+
+    engine_rids: list[str]
+
+
+class Prepared(msgspec.Struct, tag="p.prepared", kw_only=True):
+    """Processor → engine: the engine requests for `engine_rid` (one per choice) follow as vLLM frames."""
+
+    engine_rid: str
+    internal_ids: list[str]
+
+
+class PrepareFailed(msgspec.Struct, tag="p.failed", kw_only=True):
+    """Processor → engine: the request was refused (a client mistake) or could not be prepared."""
+
+    engine_rid: str
+    error: ErrorInfo
+
+
+class StopStringsHit(msgspec.Struct, tag="p.stopped", kw_only=True):
+    """Processor → engine: these requests finished on a stop string (their final delta is sent); the engine
+    aborts them without a reply."""
+
+    engine_rids: list[str]
+
+
+class ProcessorReady(msgspec.Struct, tag="p.ready", kw_only=True):
+    """Processor → engine, once: the tokenizer and vLLM's processors are loaded."""
+
+    pid: int
+    vocab_size: int
+
+
+class ProcessorStats(msgspec.Struct, tag="p.stats", kw_only=True):
+    """Processor → engine, a few times a second: what vLLM's output processor counted (chat only)."""
+
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    num_finished_requests: int
+    # Histogram of tokens per engine step that produced outputs: counts per upper bound (+Inf last).
+    iteration_tokens_counts: list[int]
+    iteration_tokens_sum: float
+    iteration_tokens_count: int
+
+
+ToProcessor = Union[PrepareRequest, EngineOutputs, ForgetRequest]
+FromProcessor = Union[Prepared, PrepareFailed, StopStringsHit, ProcessorReady, ProcessorStats]
