@@ -65,6 +65,34 @@ def stop_processor(proc: multiprocessing.Process) -> None:
             proc.join(_PROCESSOR_STOP_S)
 
 
+def build_loop(settings: BackendSettings, engine, server: SocketServer, inbox: queue.Queue, control: ControlPlane,
+               store, processor: multiprocessing.Process):
+    """The engine loop with its collaborators; frontends are admitted once the processor is ready."""
+    from backend.chat import ChatRequests
+    from backend.engine.faults import FaultyEngine
+    from backend.loop import BackendLoop
+    from backend.pow.artifact_queue import ArtifactQueue
+    from backend.pow.service import build_pow_service
+
+    if settings.fault_fail_on_step:
+        engine = FaultyEngine(engine, settings.fault_fail_on_step)
+    fingerprint = engine.fingerprint()
+
+    def on_processor_ready() -> None:
+        control.fingerprint = fingerprint  # frontends are admitted (Hello → Ready) from now on
+
+    def check_processor() -> None:
+        if not processor.is_alive():
+            raise ProcessorDied(f"the processor process exited with code {processor.exitcode}")
+
+    chat = ChatRequests(engine, server.send, on_ready=on_processor_ready)
+    pow_service = build_pow_service(settings, ArtifactQueue(engine.poc), chat, server.send, store,
+                                    [fingerprint.served_model_name, fingerprint.model_path])
+    return BackendLoop(engine, inbox, control, chat=chat, pow=pow_service, send=server.send,
+                       poc_batches_per_step=settings.poc_batches_per_step,
+                       timers=(pow_service.on_timer, check_processor))
+
+
 def serve(settings: BackendSettings) -> int:
     if settings.generate_model != "none":
         from backend.tools.modelgen import ensure_model
@@ -89,33 +117,11 @@ def serve(settings: BackendSettings) -> int:
     server.attach_link(EngineSide())
     processor = start_processor(settings, f"ipc://{link_dir}/link.ipc")
 
-    from backend.chat import ChatRequests
     from backend.engine.adapter import Engine
-    from backend.engine.faults import FaultyEngine
-    from backend.loop import BackendLoop
-    from backend.pow.artifact_queue import ArtifactQueue
-    from backend.pow.service import build_pow_service
 
-    pow_service = None
+    loop = None
     try:
-        engine = Engine(settings)
-        if settings.fault_fail_on_step:
-            engine = FaultyEngine(engine, settings.fault_fail_on_step)
-        fingerprint = engine.fingerprint()
-
-        def on_processor_ready() -> None:
-            control.fingerprint = fingerprint  # frontends are admitted (Hello → Ready) from now on
-
-        def check_processor() -> None:
-            if not processor.is_alive():
-                raise ProcessorDied(f"the processor process exited with code {processor.exitcode}")
-
-        chat = ChatRequests(engine, server.send, on_ready=on_processor_ready)
-        pow_service = build_pow_service(settings, ArtifactQueue(engine.poc), chat, server.send, store,
-                                        [fingerprint.served_model_name, fingerprint.model_path])
-        loop = BackendLoop(engine, inbox, control, chat=chat, pow=pow_service, send=server.send,
-                           poc_batches_per_step=settings.poc_batches_per_step,
-                           timers=(pow_service.on_timer, check_processor))
+        loop = build_loop(settings, Engine(settings), server, inbox, control, store, processor)
 
         def stop(signum, _frame) -> None:
             log.info("shutdown_requested", signal=signal.Signals(signum).name)
@@ -134,8 +140,8 @@ def serve(settings: BackendSettings) -> int:
     finally:
         shut_down(server, ctx)
         stop_processor(processor)
-        if pow_service is not None:
-            pow_service.callbacks.close()  # before the store: acknowledged rows must still be deleted
+        if loop is not None:
+            loop.pow.callbacks.close()  # before the store: acknowledged rows must still be deleted
         store.close()
         _remove_dir(link_dir)
 

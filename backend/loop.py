@@ -47,11 +47,14 @@ class BackendLoop:
 
     def run(self) -> None:
         while self.is_running:
-            self.ingest(block=not (self.chat.has_work() or self.pow.has_work()))
-            self.pow.feed()
-            self.execute(policy.choose(self.snapshot()))
-            self.publish()
-            self.on_timer()
+            self.run_once()
+
+    def run_once(self) -> None:
+        self.ingest(block=not (self.chat.has_work() or self.pow.has_work()))
+        self.pow.feed()
+        self.execute(policy.choose(self.snapshot()))
+        self.publish()
+        self.on_timer()
 
     def snapshot(self) -> policy.Snapshot:
         return policy.Snapshot(

@@ -1,0 +1,207 @@
+"""Host work per engine step: our engine thread beside vLLM's own `LLMEngine.step()`, on the same load.
+
+Both run in this process on the same model and engine settings: N chat requests of T tokens (greedy, ignore_eos)
+added at once, stepped until all finish. For each step it takes the wall time of the step and subtracts the time
+spent inside the model executor (`execute_model` and `sample_tokens`, the forward and the sampler), leaving the
+host work around the model: what decides TPOT on a GPU, where the forward is short and runs asynchronously.
+
+- vllm: `LLMEngine.step()` in-process: engine core step + output processing (detokenizer, stop strings) on the
+  calling thread, as our backend did before the processor process.
+- ours: one iteration of our engine loop (ingest, policy, EngineCore step, routing of the outputs) with the real
+  processor process and sockets, as `python -m backend` runs it; detokenizing happens in the processor.
+
+    .venv/bin/python -m bench.engine_step [--requests 32] [--tokens 64] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import queue
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from backend.engine import compat
+
+compat.prepare_environment()
+
+import zmq  # noqa: E402
+
+from backend.settings import load_settings  # noqa: E402
+from backend.tools.modelgen import ensure_model  # noqa: E402
+from protocol.generate import ChatMessage, GenerateRequest, SamplingSpec  # noqa: E402
+
+
+class ExecutorClock:
+    """Sums the wall and thread-CPU time spent inside the model executor's calls (wraps the instance's two
+    methods, timing only)."""
+
+    def __init__(self, executor) -> None:
+        self.wall_s = 0.0
+        self.cpu_s = 0.0
+        for name in ("execute_model", "sample_tokens"):
+            setattr(executor, name, self._timed(getattr(executor, name)))
+
+    def _timed(self, fn):
+        def call(*args, **kwargs):
+            wall, cpu = time.perf_counter(), time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.wall_s += time.perf_counter() - wall
+                self.cpu_s += time.thread_time() - cpu
+        return call
+
+
+class StepClock:
+    """Per step: wall time and the engine thread's CPU time, each without the executor's share."""
+
+    def __init__(self, executor) -> None:
+        self.executor = ExecutorClock(executor)
+        self.host_ms: list[float] = []
+        self.host_cpu_ms: list[float] = []
+        self.step_ms: list[float] = []
+
+    def timed(self, step, record: bool) -> None:
+        ex_wall, ex_cpu = self.executor.wall_s, self.executor.cpu_s
+        wall, cpu = time.perf_counter(), time.thread_time()
+        step()
+        wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+        if record:
+            self.step_ms.append(wall * 1000)
+            self.host_ms.append((wall - (self.executor.wall_s - ex_wall)) * 1000)
+            self.host_cpu_ms.append((cpu - (self.executor.cpu_s - ex_cpu)) * 1000)
+
+    def summary(self) -> dict:
+        return {"num_steps": len(self.host_ms), "host_ms_mean": statistics.fmean(self.host_ms),
+                "host_ms_p50": statistics.median(self.host_ms), "host_cpu_ms_mean": statistics.fmean(self.host_cpu_ms),
+                "step_ms_mean": statistics.fmean(self.step_ms)}
+
+
+def _prompts(n: int) -> list[str]:
+    return [f"Request {i}: tell me something about the number {i * 7919 % 1000}." for i in range(n)]
+
+
+def run_vllm(settings, n: int, tokens: int) -> dict:
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    from backend.engine.args import USAGE_CONTEXT, engine_args
+    llm = LLMEngine.from_engine_args(engine_args(settings), usage_context=USAGE_CONTEXT)
+    clock = StepClock(llm.engine_core.engine_core.model_executor)
+    tokenizer = llm.get_tokenizer()
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0.0, output_kind=RequestOutputKind.DELTA)
+    for warm in (True, False):
+        for i, text in enumerate(_prompts(n)):
+            chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                 add_generation_prompt=True)
+            ids = tokenizer.encode(chat, add_special_tokens=False)
+            llm.add_request(f"{warm}-{i}", compat.token_prompt(list(ids)), params)
+        while llm.has_unfinished_requests():
+            clock.timed(llm.step, record=not warm)
+    return clock.summary()
+
+
+def run_ours(settings, n: int, tokens: int) -> dict:
+    """Our engine process as `python -m backend` assembles it, driven by requests put on its inbox."""
+    from backend.__main__ import build_loop, start_processor, stop_processor
+    from backend.engine.adapter import Engine
+    from backend.pow.store import open_store
+    from backend.processor.link import EngineSide
+    from backend.transport.control import ControlPlane
+    from backend.transport.server import SocketServer, shut_down
+
+    work = Path(tempfile.mkdtemp(prefix="engine-step-"))
+    ctx, inbox, control = zmq.Context(), queue.Queue(), ControlPlane(uuid.uuid4().hex)
+    server = SocketServer(ctx, f"ipc://{work}/b.ipc", inbox, control, link_address=f"ipc://{work}/link.ipc")
+    server.start()
+    server.attach_link(EngineSide())
+    processor = start_processor(settings, f"ipc://{work}/link.ipc")
+    store = open_store(work / "state")
+    try:
+        engine = Engine(settings)
+        clock = StepClock(engine.core.model_executor)
+        loop = build_loop(settings, engine, server, inbox, control, store, processor)
+        while not loop.chat.is_ready:
+            loop.ingest(block=True)
+        for warm in (True, False):
+            for i, text in enumerate(_prompts(n)):
+                spec = SamplingSpec(max_tokens=tokens, ignore_eos=True, temperature=0.0)
+                inbox.put((b"fe-bench", GenerateRequest(rid=f"{warm}-{i}", sampling=spec, stream=True,
+                                                        messages=[ChatMessage(role="user", content=text)])))
+            while loop.chat.preparing or not loop.chat.owners:  # until the processor handed every request back
+                loop.ingest(block=True)
+            while loop.chat.has_work():
+                clock.timed(loop.run_once, record=not warm)
+        loop.pow.callbacks.close()
+        return clock.summary()
+    finally:
+        shut_down(server, ctx)
+        stop_processor(processor)
+        store.close()
+
+
+def _without_json(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--json":
+            skip = True
+        elif not a.startswith("--json="):
+            out.append(a)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model-dir", type=Path, default=Path("models/tiny-qwen3"))
+    p.add_argument("--shape", default="tiny")
+    p.add_argument("--requests", type=int, default=32)
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--systems", default="vllm,ours", help="comma-separated; each runs in a process of its own")
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--quiet", action="store_true", help="no summary lines (the per-system child processes)")
+    p.add_argument("engine_flags", nargs="*", help="backend flags after --, e.g. -- --enforce-eager")
+    args = p.parse_args(argv)
+    model = ensure_model(args.model_dir, args.shape)
+    settings = load_settings(["--model", str(model), "--generate-model", "none", "--max-num-seqs",
+                              str(max(64, args.requests)), *args.engine_flags], {})
+    systems = args.systems.split(",")
+    figures = {}
+    if len(systems) == 1:
+        figures[systems[0]] = (run_vllm if systems[0] == "vllm" else run_ours)(settings, args.requests, args.tokens)
+    else:  # each engine in a process of its own: one engine's KV cache is not given back before the next
+        for system in systems:
+            with tempfile.NamedTemporaryFile(suffix=".json") as out:
+                one = [a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--systems")]
+                subprocess.run([sys.executable, "-m", "bench.engine_step", "--systems", system, "--json", out.name,
+                                "--quiet", *_without_json(one)], check=True)
+                figures[system] = json.loads(Path(out.name).read_text())["figures"][system]
+    if not args.quiet:
+        print()  # vLLM's native libraries may leave a line unterminated on stderr
+    for system, f in figures.items() if not args.quiet else ():
+        print(f"{system:5} steps {f['num_steps']:4}  host ms/step: wall mean {f['host_ms_mean']:.3f} p50 "
+              f"{f['host_ms_p50']:.3f}, engine-thread CPU mean {f['host_cpu_ms_mean']:.3f}  "
+              f"(whole step {f['step_ms_mean']:.3f})", flush=True)
+    if len(figures) == 2:
+        o, v = figures["ours"], figures["vllm"]
+        print(f"ours/vllm host per step: wall {o['host_ms_mean'] / v['host_ms_mean']:.3f}, engine-thread CPU "
+              f"{o['host_cpu_ms_mean'] / v['host_cpu_ms_mean']:.3f}")
+    if args.json is not None:
+        args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.platform(),
+                                         "cpu_count": os.cpu_count(), "argv": sys.argv[1:], "figures": figures},
+                                        indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
