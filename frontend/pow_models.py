@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from frontend.fields import Text
-from protocol.poc import Artifact
+from protocol.poc import DEFAULT_K_DIM, Artifact
 from protocol.pow import (
     NodeIdentity, PowGenerateRequest, PowInitRequest, PowParams, StatTestSpec,
 )
@@ -33,7 +33,7 @@ class PoCParamsModel(BaseModel):
 
     model: Text
     seq_len: Count
-    k_dim: Count = 12
+    k_dim: Count = DEFAULT_K_DIM
 
     def to_wire(self) -> PowParams:
         return PowParams(model=self.model, seq_len=self.seq_len, k_dim=self.k_dim)

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 import structlog
 
 from poc.nonces import NonceIterator
+from poc.spec import PocSpec
+from protocol.pow import NodeIdentity
 
 log = structlog.get_logger(__name__)
 
@@ -17,18 +19,13 @@ PROGRESS_INTERVAL_S = 5.0
 
 @dataclass(frozen=True)
 class RoundSpec:
-    block_hash: str
-    block_height: int
-    public_key: str
-    node_id: int
-    node_count: int
+    node: NodeIdentity
+    poc: PocSpec
     group_id: int
     n_groups: int
-    seq_len: int
-    k_dim: int
     batch_size: int
+    # Callback base URL; None: artifacts are computed and counted, not delivered.
     url: str | None
-    stronger_rng: bool
 
 
 @dataclass
@@ -47,7 +44,7 @@ class MiningRound:
     def __post_init__(self) -> None:
         self.started_at = self._last_log_at = self.clock()
         s = self.spec
-        self._nonces = NonceIterator(s.node_id, s.node_count, s.group_id, s.n_groups)
+        self._nonces = NonceIterator(s.node.node_id, s.node.node_count, s.group_id, s.n_groups)
 
     def next_batch(self) -> list[int]:
         return self._nonces.take(self.spec.batch_size)
@@ -60,7 +57,7 @@ class MiningRound:
         if now - self._last_log_at >= PROGRESS_INTERVAL_S:
             rate = (self.total_processed - self._last_log_processed) / (now - self._last_log_at)
             log.info("poc_round_progress", total_processed=self.total_processed, nonces_per_s=round(rate, 1),
-                     num_artifacts=self.num_artifacts, block_height=self.spec.block_height)
+                     num_artifacts=self.num_artifacts, block_height=self.spec.node.block_height)
             self._last_log_at, self._last_log_processed = now, self.total_processed
 
     @property

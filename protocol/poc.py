@@ -6,11 +6,22 @@ import msgspec
 
 from protocol.common import ErrorInfo
 
+# Artifact dimensions when a request does not say (spec §1.8, §2.2).
+DEFAULT_K_DIM = 12
+
 
 class Artifact(msgspec.Struct, kw_only=True):
     nonce: int
     # fp16 little-endian vector, standard base64 (spec §1.8).
     vector_b64: str
+
+
+class Encoding(msgspec.Struct, kw_only=True):
+    """How `vector_b64` is encoded, as every artifact list states it (spec §1.8, §2.6)."""
+
+    dtype: str = "f16"
+    k_dim: int = DEFAULT_K_DIM
+    endian: str = "le"
 
 
 class PocArtifactsRequest(msgspec.Struct, tag="poc.artifacts", kw_only=True):
@@ -21,7 +32,7 @@ class PocArtifactsRequest(msgspec.Struct, tag="poc.artifacts", kw_only=True):
     public_key: str
     nonces: list[int]
     seq_len: int
-    k_dim: int = 12
+    k_dim: int = DEFAULT_K_DIM
     stronger_rng: bool = False
 
 

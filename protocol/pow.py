@@ -10,16 +10,18 @@ from __future__ import annotations
 import msgspec
 
 from protocol.common import ErrorInfo
-from protocol.poc import Artifact
+from protocol.poc import DEFAULT_K_DIM, Artifact, Encoding
 
 
 class PowParams(msgspec.Struct, kw_only=True):
     model: str
     seq_len: int
-    k_dim: int = 12
+    k_dim: int = DEFAULT_K_DIM
 
 
 class NodeIdentity(msgspec.Struct, kw_only=True):
+    """The node a PoC request is for (spec §2.2): the one declaration of these fields on the wire."""
+
     block_hash: str
     # Only echoed (in /status and callbacks).
     block_height: int
@@ -95,8 +97,9 @@ class JobView(msgspec.Struct, kw_only=True):
     # "queued", "running", "completed", "failed", "cancelled".
     status: str
     num_queued: int = 0
-    k_dim: int = 12
+    # A completed compute job: its artifacts and how they are encoded.
     artifacts: list[Artifact] | None = None
+    encoding: Encoding | None = None
     validation: ValidationOutcome | None = None
     error: str | None = None
 
@@ -110,11 +113,9 @@ class PowJobReply(msgspec.Struct, tag="pow.job_done", kw_only=True):
 
 
 class RoundConfig(msgspec.Struct, kw_only=True):
-    block_hash: str
-    block_height: int
-    public_key: str
-    node_id: int
-    node_count: int
+    """The running round, for /status (the frontend answers its fields flat, as the fork does)."""
+
+    node: NodeIdentity
     group_id: int
     n_groups: int
     seq_len: int

@@ -6,24 +6,13 @@ request's blocks and never the null block 0; they go back to the pool before the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import structlog
 
 from backend.engine import compat
 from poc.errors import PocInputError
+from poc.spec import ArtifactJob
 
 log = structlog.get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class ArtifactJob:
-    block_hash: str
-    public_key: str
-    nonces: tuple[int, ...]
-    seq_len: int
-    k_dim: int = 12
-    stronger_rng: bool = False
 
 
 class NoFreeBlocks(Exception):
@@ -43,15 +32,16 @@ class PocRunner:
 
     def check(self, job: ArtifactJob) -> None:
         """Raises PocInputError naming the field for a job this engine cannot run."""
+        spec = job.spec
         if not job.nonces:
             raise PocInputError("nonces", "nonces must not be empty")
-        if not 0 < job.k_dim <= self.hidden_size:
-            raise PocInputError("k_dim", f"k_dim must be in [1, {self.hidden_size}], got {job.k_dim}")
+        if not 0 < spec.k_dim <= self.hidden_size:
+            raise PocInputError("k_dim", f"k_dim must be in [1, {self.hidden_size}], got {spec.k_dim}")
         limit = min(self.max_model_len, self.max_num_batched_tokens)
-        if not 0 < job.seq_len <= limit:
-            raise PocInputError("seq_len", f"seq_len must be in [1, {limit}] on this engine, got {job.seq_len}")
-        if self.blocks_per_seq(job.seq_len) > self._pool.num_gpu_blocks - 1:
-            raise PocInputError("seq_len", f"seq_len {job.seq_len} needs more KV blocks than the engine has")
+        if not 0 < spec.seq_len <= limit:
+            raise PocInputError("seq_len", f"seq_len must be in [1, {limit}] on this engine, got {spec.seq_len}")
+        if self.blocks_per_seq(spec.seq_len) > self._pool.num_gpu_blocks - 1:
+            raise PocInputError("seq_len", f"seq_len {spec.seq_len} needs more KV blocks than the engine has")
 
     def blocks_per_seq(self, seq_len: int) -> int:
         return -(-seq_len // self.block_size)
@@ -66,7 +56,8 @@ class PocRunner:
 
         Returns (artifacts, number of nonces run): the run ones are a prefix of `nonces`; NaN rows are
         missing from the artifacts (spec §1.9) but still count as run."""
-        per_seq = self.blocks_per_seq(job.seq_len)
+        spec = job.spec
+        per_seq = self.blocks_per_seq(spec.seq_len)
         fits = self._pool.get_num_free_blocks() // per_seq
         if fits == 0:
             raise NoFreeBlocks(f"{per_seq} blocks needed, {self._pool.get_num_free_blocks()} free")
@@ -76,8 +67,8 @@ class PocRunner:
             block_ids = [b.block_id for b in blocks]
             assert 0 not in block_ids, "the null block must never be leased"
             result = self._core.collective_rpc(
-                "poc_artifacts", args=(block_ids, job.block_hash, job.public_key, list(nonces), job.seq_len,
-                                       job.k_dim, job.stronger_rng))[0]
+                "poc_artifacts", args=(block_ids, spec.block_hash, spec.public_key, list(nonces), spec.seq_len,
+                                       spec.k_dim, spec.stronger_rng))[0]
         finally:
             self._pool.free_blocks(blocks)
         self.num_nonces += len(nonces)

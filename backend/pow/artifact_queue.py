@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from backend.engine.poc import ArtifactJob, NoFreeBlocks
+from backend.engine.poc import NoFreeBlocks
+from poc.spec import ArtifactJob
 from backend.errors import RequestFailed
 from backend.iterations import IterationHistogram
 from protocol.common import ErrorInfo
@@ -65,7 +66,7 @@ class ArtifactQueue:
 
     def run_batch(self) -> None:
         task = self._tasks[0]
-        batch = task.remaining[: self._runner.max_batch(task.job.seq_len)]
+        batch = task.remaining[: self._runner.max_batch(task.job.spec.seq_len)]
         try:
             artifacts, num_run = self._runner.run(task.job, batch)
         except NoFreeBlocks as e:
@@ -79,7 +80,7 @@ class ArtifactQueue:
             task.done([], RequestFailed(f"PoC forward failed: {e}").info())
             return
         self.is_blocked = False
-        self.iterations.observe(num_run * task.job.seq_len)
+        self.iterations.observe(num_run * task.job.spec.seq_len)
         task.artifacts.extend(Artifact(nonce=n, vector_b64=v) for n, v in artifacts)
         del task.remaining[:num_run]
         if not task.remaining:

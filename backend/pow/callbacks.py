@@ -18,7 +18,6 @@ pool of `max_concurrent` threads and report back through the same inbox.
 from __future__ import annotations
 
 import itertools
-import json
 import queue
 import sqlite3
 import threading
@@ -29,8 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import msgspec
 import structlog
 
+from backend.pow.results import MinedBody
 from backend.pow.store import Store, StoreError
 
 log = structlog.get_logger(__name__)
@@ -50,7 +51,9 @@ class _Row:
     url: str
     path: str
     kind: str
-    payload: dict[str, Any]
+    # A stream row's body is merged with its group's before it is sent; a job row's goes as it is (a row
+    # loaded from the outbox keeps its stored JSON, unparsed).
+    body: MinedBody | msgspec.Struct | msgspec.Raw
     attempts: int
     next_attempt_at: float
     created_at: float
@@ -91,7 +94,7 @@ class CallbackSender:
 
     def __init__(self, store: Store, *, interval_s: float = 5.0, max_retries: int = 10, max_backoff_s: float = 30.0,
                  timeout_s: float = 10.0, max_outbox: int = 10000, max_concurrent: int = 10,
-                 post: Callable[[str, dict[str, Any]], int] | None = None,
+                 post: Callable[[str, bytes], int] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self._store = store
         self.interval_s = interval_s
@@ -125,14 +128,13 @@ class CallbackSender:
 
     # --- any thread ---
 
-    def add_generated(self, url: str, meta: dict[str, Any], artifacts: list[dict[str, Any]],
-                      encoding: dict[str, Any]) -> None:
+    def add_generated(self, url: str, batch: MinedBody) -> None:
         """One mining batch for the streamed `{url}/generated` callback; never blocks."""
-        self._add(url, "generated", STREAM, {"meta": meta, "artifacts": artifacts, "encoding": encoding})
+        self._add(url, "generated", STREAM, batch)
 
-    def enqueue(self, url: str, path: str, payload: dict[str, Any]) -> None:
-        """One per-job callback to `{url}/{path}`; never blocks. The sender owns `payload` from now on."""
-        self._add(url, path, JOB, payload)
+    def enqueue(self, url: str, path: str, body: msgspec.Struct) -> None:
+        """One per-job callback to `{url}/{path}`; never blocks. The sender owns `body` from now on."""
+        self._add(url, path, JOB, body)
 
     def flush(self, timeout_s: float) -> tuple[int, int]:
         """Attempts every row once now, ignoring interval and backoff; waits up to `timeout_s`.
@@ -168,9 +170,9 @@ class CallbackSender:
         log.info("callback_sender_closed", backlog=self.backlog, num_delivered=self.num_delivered,
                  num_dropped=self.num_dropped)
 
-    def _add(self, url: str, path: str, kind: str, payload: dict[str, Any]) -> None:
+    def _add(self, url: str, path: str, kind: str, body: msgspec.Struct) -> None:
         now = self._clock()
-        row = _Row(0, url, path, kind, payload, 0, now, now)
+        row = _Row(0, url, path, kind, body, 0, now, now)
 
         def on_done(result: Any) -> None:
             if isinstance(result, BaseException):
@@ -181,17 +183,15 @@ class CallbackSender:
 
         self._store.submit(_insert(row), on_done)
 
-    def _http_post(self, url: str, body: dict[str, Any]) -> int:
-        return self._client.post(url, json=body).status_code
+    def _http_post(self, url: str, body: bytes) -> int:
+        return self._client.post(url, content=body, headers={"content-type": "application/json"}).status_code
 
     def _post_group(self, group: _Group, rows: list[_Row]) -> None:  # pool thread
         first = rows[0]
-        if first.kind == STREAM:
-            p = first.payload
-            body = {**p["meta"], "artifacts": [a for r in rows for a in r.payload["artifacts"]],
-                    "encoding": p["encoding"]}
-        else:
-            body = first.payload
+        body = first.body
+        if first.kind == STREAM:  # one POST for the group: its rows differ only in their artifacts
+            body = msgspec.structs.replace(body, artifacts=[a for r in rows for a in r.body.artifacts])
+        body = msgspec.json.encode(body)
         try:
             self._inbox.put(_Result(group, rows, self._post(f"{first.url.rstrip('/')}/{first.path}", body), None))
         except Exception as e:  # any transport failure is a failed attempt, retried with backoff
@@ -361,8 +361,7 @@ class CallbackSender:
 
 def _group_key(row: _Row) -> tuple:
     if row.kind == STREAM:
-        p = row.payload
-        return STREAM, row.url, row.path, json.dumps([p["meta"], p["encoding"]], sort_keys=True)
+        return STREAM, row.url, row.path, msgspec.json.encode(msgspec.structs.replace(row.body, artifacts=[]))
     return JOB, row.id
 
 
@@ -373,8 +372,8 @@ def _insert(row: _Row) -> Callable[[sqlite3.Connection], _Row]:
         cur = conn.execute(
             "INSERT INTO outbox (url, path, kind, payload, attempts, next_attempt_at, created_at) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (row.url, row.path, row.kind, json.dumps(row.payload), row.attempts, row.next_attempt_at,
-             row.created_at))
+            (row.url, row.path, row.kind, msgspec.json.encode(row.body).decode(), row.attempts,
+             row.next_attempt_at, row.created_at))
         row.id = cur.lastrowid  # the row reaches the dispatcher only through on_done, after this
         return row
     return fn
@@ -389,5 +388,11 @@ def _execute_many(sql: str, params: list[tuple]) -> Callable[[sqlite3.Connection
 def _select_all(conn: sqlite3.Connection) -> list[_Row]:
     rows = conn.execute("SELECT id, url, path, kind, payload, attempts, next_attempt_at, created_at "
                         "FROM outbox ORDER BY id").fetchall()
-    return [_Row(i, url, path, kind, json.loads(payload), attempts, next_at, created_at)
+    return [_Row(i, url, path, kind, _stored_body(kind, payload), attempts, next_at, created_at)
             for i, url, path, kind, payload, attempts, next_at, created_at in rows]
+
+
+def _stored_body(kind: str, payload: str) -> MinedBody | msgspec.Raw:
+    if kind == STREAM:
+        return msgspec.json.decode(payload, type=MinedBody)
+    return msgspec.Raw(payload.encode())

@@ -9,13 +9,12 @@ Differences from the fork, on purpose: results expire by a timer (`prune_expired
 when another job finishes; /stop (`cancel_all`) cancels jobs but keeps finished results until their TTL; a
 result computed for a job cancelled meanwhile is kept, not thrown away.
 
-The queue takes ownership of the `request` and `result` dicts it is given: they are serialised later, on the
-store's thread, so callers must not mutate them afterwards.
+The queue takes ownership of the request and result structs it is given: they are serialised later (msgspec JSON),
+on the store's thread, so callers must not mutate them afterwards.
 """
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from collections import OrderedDict
@@ -23,10 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import structlog
 
 from backend.errors import RequestError, pow_error
+from backend.pow.results import ArtifactsResult, JobResult
 from backend.pow.store import Store
+from protocol.pow import PowGenerateRequest, ValidationOutcome
 
 log = structlog.get_logger(__name__)
 
@@ -52,10 +54,10 @@ class QueueFull(RequestError):
 class Job:
     id: str
     status: str
-    request: dict[str, Any]
+    request: PowGenerateRequest
     num_nonces: int
     created_at: float
-    result: dict[str, Any] | None = None
+    result: JobResult | None = None
     error: str | None = None
     finished_at: float | None = None
 
@@ -127,7 +129,7 @@ class GenerateQueue:
         log.info("jobs_loaded", num_queued=len(self._queued), num_requeued=len(requeued),
                  num_results=len(self._finished), num_expired=len(expired), queued_nonces=self._active_nonces)
 
-    def enqueue(self, job_id: str, request: dict[str, Any], num_nonces: int,
+    def enqueue(self, job_id: str, request: PowGenerateRequest, num_nonces: int,
                 on_persisted: Callable[[BaseException | None], None] | None = None) -> Job:
         """Adds a queued job; raises QueueFull (429) past the cap.
 
@@ -160,7 +162,7 @@ class GenerateQueue:
         job.status = RUNNING
         self._store.submit(_set_status([job.id], RUNNING))
 
-    def complete(self, job: Job, result: dict[str, Any]) -> None:
+    def complete(self, job: Job, result: JobResult) -> None:
         self._finish(job, COMPLETED, result, None)
 
     def fail(self, job: Job, error: str) -> None:
@@ -207,7 +209,7 @@ class GenerateQueue:
 
     # --- internals ---
 
-    def _finish(self, job: Job, status: str, result: dict[str, Any] | None, error: str | None) -> None:
+    def _finish(self, job: Job, status: str, result: JobResult | None, error: str | None) -> None:
         if self._jobs.get(job.id) is not job:
             log.warning("job_result_for_unknown_job", job_id=job.id, status=status)
             return
@@ -235,7 +237,7 @@ def _insert(job: Job) -> Callable[[sqlite3.Connection], None]:
     def fn(conn: sqlite3.Connection) -> None:
         job_id, status, request, num_nonces, created_at = values
         conn.execute("INSERT INTO jobs (id, status, request, num_nonces, created_at) VALUES (?, ?, ?, ?, ?)",
-                     (job_id, status, json.dumps(request), num_nonces, created_at))
+                     (job_id, status, msgspec.json.encode(request).decode(), num_nonces, created_at))
     return fn
 
 
@@ -245,11 +247,12 @@ def _set_status(job_ids: list[str], status: str) -> Callable[[sqlite3.Connection
     return fn
 
 
-def _finish_rows(rows: list[tuple[str, dict | None, str | None, float, str]]) -> Callable[[sqlite3.Connection], None]:
+def _finish_rows(rows: list[tuple[str, JobResult | None, str | None, float, str]]) -> Callable[[sqlite3.Connection],
+                                                                                                  None]:
     def fn(conn: sqlite3.Connection) -> None:
         conn.executemany(
             "UPDATE jobs SET status = ?, result = ?, error = ?, finished_at = ? WHERE id = ?",
-            [(s, None if r is None else json.dumps(r), e, t, i) for s, r, e, t, i in rows])
+            [(s, None if r is None else msgspec.json.encode(r).decode(), e, t, i) for s, r, e, t, i in rows])
     return fn
 
 
@@ -267,5 +270,8 @@ def _select_all(conn: sqlite3.Connection) -> list[tuple]:
 
 def _job_from_row(row: tuple) -> Job:
     job_id, status, request, result, error, num_nonces, created_at, finished_at = row
-    return Job(id=job_id, status=status, request=json.loads(request), num_nonces=num_nonces, created_at=created_at,
-               result=None if result is None else json.loads(result), error=error, finished_at=finished_at)
+    msg = msgspec.json.decode(request, type=PowGenerateRequest)
+    result_type = ArtifactsResult if msg.validation is None else ValidationOutcome
+    return Job(id=job_id, status=status, request=msg, num_nonces=num_nonces, created_at=created_at,
+               result=None if result is None else msgspec.json.decode(result, type=result_type), error=error,
+               finished_at=finished_at)

@@ -1,29 +1,78 @@
-"""Pure conversions for PoC jobs: results, stored records → wire views, callback payloads."""
+"""The PoC API's results, typed: what a finished job stores, how the frontend sees it, and the callback bodies
+(spec §2.5, §2.6). All msgspec structs: the job store and the callback outbox persist them as JSON with msgspec."""
 
 from __future__ import annotations
 
 import msgspec
 
-from poc.validation import StatTest, validate_artifacts
 from backend.errors import pow_error
+from poc.validation import StatTest, validate_artifacts
 from protocol.common import ErrorInfo
-from protocol.poc import Artifact
-from protocol.pow import JobView, PowGenerateRequest, ValidationOutcome
-
-ENCODING = {"dtype": "f16", "endian": "le"}
+from protocol.poc import Artifact, Encoding
+from protocol.pow import JobView, NodeIdentity, PowGenerateRequest, ValidationOutcome
 
 
-def job_request(msg: PowGenerateRequest) -> dict:
-    """What is persisted for a queued job: the whole request, as plain data."""
-    return msgspec.to_builtins(msg)
+class ArtifactsResult(msgspec.Struct, kw_only=True):
+    """A compute job's stored result (and the body of GET /generate/{id} for it)."""
+
+    artifacts: list[Artifact]
+    encoding: Encoding
 
 
-def job_message(request: dict) -> PowGenerateRequest:
-    return msgspec.convert(request, PowGenerateRequest)
+# A finished job's result: which of the two, its request says (validation or not).
+JobResult = ArtifactsResult | ValidationOutcome
+
+
+# The callback bodies, field for field in the fork's order (spec §2.5, §2.6): three JSON shapes that share the
+# node fields the bodies echo (NodeIdentity without node_count).
+_ECHOED = ("public_key", "block_hash", "block_height", "node_id")
+
+
+class MinedBody(msgspec.Struct, kw_only=True):
+    """POST {url}/generated from a mining round: one or more batches, no request_id (spec §2.5)."""
+
+    public_key: str
+    block_hash: str
+    block_height: int
+    node_id: int
+    artifacts: list[Artifact]
+    encoding: Encoding
+
+
+class GeneratedBody(msgspec.Struct, kw_only=True):
+    """POST {url}/generated: a compute job's artifacts (spec §2.6)."""
+
+    request_id: str
+    block_hash: str
+    block_height: int
+    public_key: str
+    node_id: int
+    artifacts: list[Artifact]
+    encoding: Encoding
+
+
+class ValidatedBody(msgspec.Struct, kw_only=True):
+    """POST {url}/validated: a validation job's verdict (spec §2.6)."""
+
+    request_id: str
+    block_hash: str
+    block_height: int
+    public_key: str
+    node_id: int
+    n_total: int
+    n_mismatch: int
+    mismatch_nonces: list[int]
+    p_value: float
+    fraud_detected: bool
+
+
+def echo(node: NodeIdentity) -> dict:
+    """The node fields a callback body repeats, as keyword arguments."""
+    return {name: getattr(node, name) for name in _ECHOED}
 
 
 def job_result(msg: PowGenerateRequest, artifacts: list[Artifact],
-               error: ErrorInfo | None) -> tuple[dict | None, ErrorInfo | None]:
+               error: ErrorInfo | None) -> tuple[JobResult | None, ErrorInfo | None]:
     """The stored result of a finished job, or the error that failed it.
 
     A validation that could not compute every requested nonce fails loudly (503): counting the missing ones
@@ -32,7 +81,7 @@ def job_result(msg: PowGenerateRequest, artifacts: list[Artifact],
         return None, error
     k_dim = msg.params.k_dim
     if msg.validation is None:
-        return {"artifacts": [artifact_dict(a) for a in artifacts], "encoding": {**ENCODING, "k_dim": k_dim}}, None
+        return ArtifactsResult(artifacts=artifacts, encoding=Encoding(k_dim=k_dim)), None
     missing = set(msg.nonces) - {a.nonce for a in artifacts}
     if missing:
         return None, pow_error(503, f"could not compute {len(missing)} of {len(set(msg.nonces))} nonces "
@@ -41,43 +90,22 @@ def job_result(msg: PowGenerateRequest, artifacts: list[Artifact],
     stat = StatTest() if spec is None else StatTest(spec.dist_threshold, spec.p_mismatch, spec.fraud_threshold)
     outcome = validate_artifacts([(a.nonce, a.vector_b64) for a in artifacts],
                                  {a.nonce: a.vector_b64 for a in msg.validation}, msg.nonces, k_dim, stat)
-    return dict(outcome), None
+    return msgspec.convert(dict(outcome), ValidationOutcome), None
 
 
-def artifact_dict(a: Artifact) -> dict:
-    return {"nonce": a.nonce, "vector_b64": a.vector_b64}
-
-
-def view_from_result(job_id: str, status: str, k_dim: int, result: dict | None, error: str | None) -> JobView:
-    view = JobView(job_id=job_id, status=status, k_dim=k_dim, error=error)
-    if result is None:
-        return view
-    if "artifacts" in result:
-        view.artifacts = [Artifact(nonce=a["nonce"], vector_b64=a["vector_b64"]) for a in result["artifacts"]]
-    else:
-        view.validation = msgspec.convert(result, ValidationOutcome)
+def job_view(job_id: str, status: str, result: JobResult | None = None, error: str | None = None,
+             num_queued: int = 0) -> JobView:
+    view = JobView(job_id=job_id, status=status, error=error, num_queued=num_queued)
+    if isinstance(result, ArtifactsResult):
+        view.artifacts, view.encoding = result.artifacts, result.encoding
+    elif isinstance(result, ValidationOutcome):
+        view.validation = result
     return view
 
 
-def job_view(job) -> JobView:
-    k_dim = job.request.get("params", {}).get("k_dim", 12)
-    return view_from_result(job.id, job.status, k_dim, job.result, job.error)
-
-
-def job_view_queued(job_id: str, num_nonces: int) -> JobView:
-    return JobView(job_id=job_id, status="queued", num_queued=num_nonces)
-
-
-def _identity(job_id: str, msg: PowGenerateRequest) -> dict:
-    n = msg.node
-    return {"request_id": job_id, "block_hash": n.block_hash, "block_height": n.block_height,
-            "public_key": n.public_key, "node_id": n.node_id}
-
-
-def generated_payload(job_id: str, msg: PowGenerateRequest, result: dict) -> dict:
-    return {**_identity(job_id, msg), "artifacts": result["artifacts"], "encoding": result["encoding"]}
-
-
-def validated_payload(job_id: str, msg: PowGenerateRequest, result: dict) -> dict:
-    keys = ("n_total", "n_mismatch", "mismatch_nonces", "p_value", "fraud_detected")
-    return {**_identity(job_id, msg), **{k: result[k] for k in keys}}
+def callback_body(job_id: str, msg: PowGenerateRequest, result: JobResult) -> tuple[str, msgspec.Struct]:
+    """(path, body) of a finished job's callback."""
+    if isinstance(result, ValidationOutcome):
+        return "validated", ValidatedBody(request_id=job_id, **echo(msg.node), **msgspec.structs.asdict(result))
+    return "generated", GeneratedBody(request_id=job_id, artifacts=result.artifacts, encoding=result.encoding,
+                                      **echo(msg.node))

@@ -15,19 +15,16 @@ from dataclasses import dataclass, replace
 
 import structlog
 
-from backend.engine.poc import ArtifactJob
 from backend.errors import RequestError, gate_error, pow_error
 from backend.pow.artifact_queue import ArtifactQueue, ArtifactTask
 from backend.pow.callbacks import CallbackSender
 from backend.pow.jobs import GenerateQueue, Job, QueueFull
 from backend.pow.store import Store
 from backend.settings import BackendSettings
-from backend.pow.results import (
-    artifact_dict, generated_payload, job_message, job_request, job_result, job_view, job_view_queued,
-    validated_payload, view_from_result,
-)
+from backend.pow.results import MinedBody, callback_body, echo, job_result, job_view
 from poc.errors import PocInputError
 from poc.manager import MiningRound, RoundSpec
+from poc.spec import ArtifactJob, PocSpec
 from protocol.common import ErrorInfo
 from protocol.poc import Artifact, PocArtifactsReply, PocArtifactsRequest
 from protocol.pow import (
@@ -36,8 +33,6 @@ from protocol.pow import (
 )
 
 log = structlog.get_logger(__name__)
-
-from backend.pow.results import ENCODING  # noqa: E402
 
 
 @dataclass
@@ -109,10 +104,8 @@ class PowService:
             self._check_params(msg.params)
             if self.round is not None:
                 raise pow_error(409, "Already generating")
-            n = msg.node
-            spec = RoundSpec(n.block_hash, n.block_height, n.public_key, n.node_id, n.node_count, msg.group_id,
-                             msg.n_groups, msg.params.seq_len, msg.params.k_dim,
-                             msg.batch_size or self.default_batch_size, msg.url, msg.stronger_rng)
+            spec = RoundSpec(msg.node, PocSpec.of(msg.node, msg.params, msg.stronger_rng), msg.group_id,
+                             msg.n_groups, msg.batch_size or self.default_batch_size, msg.url)
             self._start_round(spec)
             reply.status, reply.config, reply.stats = self._status()
         except RequestError as e:
@@ -137,10 +130,11 @@ class PowService:
                 info = pow_error(503, f"could not persist the job: {error}").info()
                 self._send(identity, PowJobReply(rid=msg.rid, error=info))
             else:
-                self._send(identity, PowJobReply(rid=msg.rid, job=job_view_queued(job_id, len(msg.nonces))))
+                self._send(identity, PowJobReply(rid=msg.rid, job=job_view(job_id, "queued",
+                                                                           num_queued=len(msg.nonces))))
 
         try:
-            self.jobs.enqueue(job_id, job_request(msg), len(msg.nonces), on_persisted=persisted)
+            self.jobs.enqueue(job_id, msg, len(msg.nonces), on_persisted=persisted)
         except QueueFull as e:
             self._send(identity, PowJobReply(rid=msg.rid, error=e.info()))
 
@@ -150,15 +144,15 @@ class PowService:
             error = pow_error(404, f"Request {msg.job_id} not found").info()
             self._send(identity, PowJobReply(rid=msg.rid, error=error))
             return
-        self._send(identity, PowJobReply(rid=msg.rid, job=job_view(job)))
+        self._send(identity, PowJobReply(rid=msg.rid, job=job_view(job.id, job.status, job.result, job.error)))
 
     def on_artifacts(self, identity: bytes, msg: PocArtifactsRequest) -> None:
         """Artifacts for explicit nonces, between engine steps (the direct API: no round, no callbacks)."""
         def done(artifacts, error) -> None:
             self._send(identity, PocArtifactsReply(rid=msg.rid, artifacts=artifacts, error=error))
 
-        job = ArtifactJob(block_hash=msg.block_hash, public_key=msg.public_key, nonces=tuple(msg.nonces),
-                          seq_len=msg.seq_len, k_dim=msg.k_dim, stronger_rng=msg.stronger_rng)
+        spec = PocSpec(msg.block_hash, msg.public_key, msg.seq_len, msg.k_dim, msg.stronger_rng)
+        job = ArtifactJob(spec, tuple(msg.nonces))
         try:
             self.artifacts.submit(ArtifactTask(job=job, done=done))
         except PocInputError as e:
@@ -217,7 +211,7 @@ class PowService:
         job = self.jobs.peek_next()
         if job is not None:
             self.jobs.mark_running(job)
-            self._submit_job(job_message(job.request), None, job=job)
+            self._submit_job(job.request, None, job=job)
 
     # --- internals ---
 
@@ -230,36 +224,34 @@ class PowService:
         if msg.validation is not None and {a.nonce for a in msg.validation} != set(msg.nonces):
             raise pow_error(400, "validation.artifacts nonces must match nonces field", param="validation.artifacts")
         try:
-            self.artifacts.check(_artifact_job(msg, msg.nonces))
+            self.artifacts.check(_job_of(msg))
         except PocInputError as e:
             raise pow_error(400, e.message, param=_param_path(e.field)) from e
 
     def _start_round(self, spec: RoundSpec) -> None:
         try:
-            self.artifacts.check(ArtifactJob(spec.block_hash, spec.public_key, (0,), spec.seq_len, spec.k_dim,
-                                             spec.stronger_rng))
+            self.artifacts.check(ArtifactJob(spec.poc, (0,)))
         except PocInputError as e:
             raise pow_error(400, e.message, param=_param_path(e.field)) from e
         # Each mining batch is materialised as a list of nonces: a client's batch_size of billions would exhaust
         # memory. One forward takes at most max_batch nonces anyway, so taking more per batch gains nothing.
-        spec = replace(spec, batch_size=min(spec.batch_size, self.artifacts.max_batch(spec.seq_len)))
+        spec = replace(spec, batch_size=min(spec.batch_size, self.artifacts.max_batch(spec.poc.seq_len)))
         mining = MiningRound(spec)
         if self.mode == "exclusive":
             # Gate on (no new chat), abort what is in flight, then start; a failure turns the gate off again.
             num_aborted = self._chat.gate(gate_error().info())
             log.info("chat_gated_for_poc", num_aborted=num_aborted)
         self.round = mining
-        log.info("poc_round_started", block_height=spec.block_height, node_id=spec.node_id,
-                 batch_size=spec.batch_size, seq_len=spec.seq_len, mode=self.mode)
+        log.info("poc_round_started", block_height=spec.node.block_height, node_id=spec.node.node_id,
+                 batch_size=spec.batch_size, seq_len=spec.poc.seq_len, mode=self.mode)
 
     def _status(self) -> tuple[str, RoundConfig | None, RoundStats | None]:
         r = self.round
         if r is None:
             return "IDLE", None, None
         s = r.spec
-        config = RoundConfig(block_hash=s.block_hash, block_height=s.block_height, public_key=s.public_key,
-                             node_id=s.node_id, node_count=s.node_count, group_id=s.group_id, n_groups=s.n_groups,
-                             seq_len=s.seq_len, k_dim=s.k_dim)
+        config = RoundConfig(node=s.node, group_id=s.group_id, n_groups=s.n_groups, seq_len=s.poc.seq_len,
+                             k_dim=s.poc.k_dim)
         return "GENERATING", config, RoundStats(total_processed=r.total_processed,
                                                 nonces_per_second=r.nonces_per_second)
 
@@ -278,13 +270,10 @@ class PowService:
             r.record(len(nonces), len(artifacts))
             self.num_nonces += len(nonces)
             if s.url and artifacts:
-                meta = {"public_key": s.public_key, "block_hash": s.block_hash, "block_height": s.block_height,
-                        "node_id": s.node_id}
-                self.callbacks.add_generated(s.url, meta, [artifact_dict(a) for a in artifacts],
-                                             {**ENCODING, "k_dim": s.k_dim})
+                batch = MinedBody(artifacts=artifacts, encoding=s.poc.encoding, **echo(s.node))
+                self.callbacks.add_generated(s.url, batch)
 
-        job = ArtifactJob(s.block_hash, s.public_key, tuple(nonces), s.seq_len, s.k_dim, s.stronger_rng)
-        self.artifacts.submit(ArtifactTask(job=job, done=done, tag="mining"))
+        self.artifacts.submit(ArtifactTask(job=ArtifactJob(s.poc, tuple(nonces)), done=done, tag="mining"))
         self._mining_in_queue = True
 
     def _submit_job(self, msg: PowGenerateRequest, answer, job: Job | None) -> None:
@@ -300,27 +289,22 @@ class PowService:
                     self.jobs.fail(job, error.message)
                     return
                 if msg.url:  # the callback first: a crash in between re-runs the job instead of losing it
-                    path, payload = (("validated", validated_payload(job.id, msg, result)) if msg.validation
-                                     is not None else ("generated", generated_payload(job.id, msg, result)))
-                    self.callbacks.enqueue(msg.url, path, payload)
+                    self.callbacks.enqueue(msg.url, *callback_body(job.id, msg, result))
                 self.jobs.complete(job, result)
                 return
             # wait=true answers carry a fresh request id that is not stored (as in the fork).
-            view = None if error else view_from_result(str(uuid.uuid4()), "completed", msg.params.k_dim, result, None)
-            answer(view, error)
+            answer(None if error else job_view(str(uuid.uuid4()), "completed", result), error)
 
-        self.artifacts.submit(ArtifactTask(job=_artifact_job(msg, msg.nonces), done=done, tag="job"))
+        self.artifacts.submit(ArtifactTask(job=_job_of(msg), done=done, tag="job"))
         self._job_in_queue = True
+
+
+def _job_of(msg: PowGenerateRequest) -> ArtifactJob:
+    return ArtifactJob(PocSpec.of(msg.node, msg.params, msg.stronger_rng), tuple(msg.nonces))
 
 
 def _param_path(field: str) -> str:
     return f"params.{field}" if field in ("seq_len", "k_dim") else field
-
-
-def _artifact_job(msg: PowGenerateRequest, nonces) -> ArtifactJob:
-    n = msg.node
-    return ArtifactJob(n.block_hash, n.public_key, tuple(nonces), msg.params.seq_len, msg.params.k_dim,
-                       msg.stronger_rng)
 
 
 def build_pow_service(settings: BackendSettings, artifacts: ArtifactQueue, chat, send: Callable, store: Store,

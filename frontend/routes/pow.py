@@ -54,9 +54,9 @@ def job_result_fields(job: JobView) -> dict:
         v = job.validation
         return {"n_total": v.n_total, "n_mismatch": v.n_mismatch, "mismatch_nonces": v.mismatch_nonces,
                 "p_value": v.p_value, "fraud_detected": v.fraud_detected}
-    if job.artifacts is not None:
+    if job.artifacts is not None and job.encoding is not None:
         return {"artifacts": [{"nonce": a.nonce, "vector_b64": a.vector_b64} for a in job.artifacts],
-                "encoding": {"dtype": "f16", "k_dim": job.k_dim, "endian": "le"}}
+                "encoding": msgspec.structs.asdict(job.encoding)}
     return {}
 
 
@@ -70,8 +70,12 @@ def job_body(job: JobView) -> dict:
 
 
 def status_body(reply: PowStatusReply) -> dict:
-    return {"status": reply.status,
-            "config": msgspec.structs.asdict(reply.config) if reply.config is not None else None,
+    config = None
+    if reply.config is not None:  # flat, as the fork answers it
+        c = reply.config
+        config = {**msgspec.structs.asdict(c.node), "group_id": c.group_id, "n_groups": c.n_groups,
+                  "seq_len": c.seq_len, "k_dim": c.k_dim}
+    return {"status": reply.status, "config": config,
             "stats": msgspec.structs.asdict(reply.stats) if reply.stats is not None else None}
 
 

@@ -12,8 +12,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+import msgspec
+
 from backend.pow.callbacks import CallbackSender
+from backend.pow.results import GeneratedBody, MinedBody, ValidatedBody
 from backend.pow.store import Store
+from protocol.poc import Artifact, Encoding
 
 BASE_PATH = "/v2/poc-batches/model"
 META = {"public_key": "pk", "block_hash": "h1", "block_height": 7, "node_id": 2}
@@ -103,6 +107,18 @@ def artifacts(*nonces: int) -> list[dict]:
     return [{"nonce": n, "vector_b64": f"v{n}"} for n in nonces]
 
 
+def batch(*nonces: int, meta: dict = META) -> MinedBody:
+    """One mining batch of these nonces, as the PoC service hands it to the sender."""
+    return MinedBody(artifacts=[Artifact(nonce=n, vector_b64=f"v{n}") for n in nonces],
+                         encoding=msgspec.convert(ENCODING, Encoding), **meta)
+
+
+class Job(msgspec.Struct):
+    """A minimal job callback body: the sender posts any struct as it is."""
+
+    request_id: str
+
+
 @pytest.fixture
 def receiver():
     r = Receiver()
@@ -135,9 +151,9 @@ def test_callbacks_stream_merged_into_one_post_per_interval(receiver, make_sende
     sender = make_sender(interval_s=0.5)
     t0 = time.monotonic()
     for i in range(3):
-        sender.add_generated(receiver.url, META, artifacts(i * 10, i * 10 + 1), ENCODING)
+        sender.add_generated(receiver.url, batch(i * 10, i * 10 + 1))
     other = {**META, "block_hash": "h2"}
-    sender.add_generated(receiver.url, other, artifacts(99), ENCODING)
+    sender.add_generated(receiver.url, batch(99, meta=other))
     wait_until(lambda: len(receiver.received) == 2)
     first = {b["block_hash"]: (t, p, b) for t, p, b in receiver.received}
     t1, path, body = first["h1"]
@@ -148,7 +164,7 @@ def test_callbacks_stream_merged_into_one_post_per_interval(receiver, make_sende
     assert first["h2"][2]["artifacts"] == artifacts(99)
 
     for i in range(2):
-        sender.add_generated(receiver.url, META, artifacts(100 + i), ENCODING)
+        sender.add_generated(receiver.url, batch(100 + i))
     wait_until(lambda: len(receiver.received) == 3)
     t2, _, body2 = receiver.received[2]
     assert t2 - t1 >= 0.45  # at most one POST per interval
@@ -163,8 +179,8 @@ def test_callbacks_job_callbacks_use_their_paths_at_once(receiver, make_sender, 
                  "artifacts": artifacts(1), "encoding": ENCODING}
     validated = {"request_id": "r2", "block_hash": "h", "block_height": 1, "public_key": "pk", "node_id": 0,
                  "n_total": 4, "n_mismatch": 0, "mismatch_nonces": [], "p_value": 1.0, "fraud_detected": False}
-    sender.enqueue(receiver.url, "generated", generated)
-    sender.enqueue(receiver.url + "/", "validated", validated)
+    sender.enqueue(receiver.url, "generated", msgspec.convert(generated, GeneratedBody))
+    sender.enqueue(receiver.url + "/", "validated", msgspec.convert(validated, ValidatedBody))
     wait_until(lambda: len(receiver.received) == 2, timeout_s=2.0)  # well before the stream interval
     assert {p: b for _, p, b in receiver.received} == {f"{BASE_PATH}/generated": generated,
                                                       f"{BASE_PATH}/validated": validated}
@@ -175,8 +191,8 @@ def test_callbacks_receiver_down_then_up_delivers(make_sender, store):
     port = closed_port()
     url = f"http://127.0.0.1:{port}{BASE_PATH}"
     sender = make_sender(interval_s=0.1, max_backoff_s=0.2)
-    sender.enqueue(url, "validated", {"request_id": "r"})
-    sender.add_generated(url, META, artifacts(1), ENCODING)
+    sender.enqueue(url, "validated", Job("r"))
+    sender.add_generated(url, batch(1))
     wait_until(lambda: sender.num_retries >= 4)
     receiver = Receiver(port)
     try:
@@ -192,7 +208,7 @@ def test_callbacks_receiver_down_then_up_delivers(make_sender, store):
 def test_callbacks_failure_modes_retry_then_recover(receiver, make_sender, mode):
     receiver.mode, receiver.hang_s = mode, 1.0
     sender = make_sender(max_backoff_s=0.2, timeout_s=0.5)
-    sender.enqueue(receiver.url, "generated", {"request_id": "r"})
+    sender.enqueue(receiver.url, "generated", Job("r"))
     wait_until(lambda: sender.num_retries >= 1)
     receiver.mode = "ok"
     wait_until(lambda: sender.num_delivered == 1)
@@ -205,7 +221,7 @@ def test_callbacks_failure_modes_retry_then_recover(receiver, make_sender, mode)
 def test_callbacks_max_retries_drops_and_counts(receiver, make_sender, store):
     receiver.mode = "500"
     sender = make_sender(max_retries=3, max_backoff_s=0.05)
-    sender.enqueue(receiver.url, "validated", {"request_id": "r"})
+    sender.enqueue(receiver.url, "validated", Job("r"))
     wait_until(lambda: sender.num_dropped == 1)
     assert receiver.num_requests == 3
     assert (sender.num_retries, sender.num_delivered) == (2, 0)
@@ -216,7 +232,7 @@ def test_callbacks_outbox_cap_drops_oldest(receiver, make_sender, store):
     down = f"http://127.0.0.1:{closed_port()}{BASE_PATH}"
     first = make_sender(clock=frozen_clock())
     for i in range(5):
-        first.enqueue(down, "generated", {"request_id": f"r{i}"})
+        first.enqueue(down, "generated", Job(f"r{i}"))
     wait_until(lambda: first.num_retries == 5)
     first.close()
     # The outbox now holds 5 rows; a sender capped at 3 keeps the newest 3.
@@ -233,8 +249,8 @@ def test_callbacks_rows_survive_restart(receiver, tmp_path):
     down = f"http://127.0.0.1:{closed_port()}{BASE_PATH}"
     store = Store(path)
     sender = CallbackSender(store, interval_s=0.0, timeout_s=1.0, clock=frozen_clock())
-    sender.enqueue(down, "validated", {"request_id": "r"})
-    sender.add_generated(down, META, artifacts(5, 6), ENCODING)
+    sender.enqueue(down, "validated", Job("r"))
+    sender.add_generated(down, batch(5, 6))
     wait_until(lambda: sender.num_retries == 2)
     sender.close()
     store.close()
@@ -259,11 +275,11 @@ def test_callbacks_rows_survive_restart(receiver, tmp_path):
 def test_callbacks_flush_sends_now_and_returns_counts(receiver, make_sender, store):
     receiver.mode = "500"
     sender = make_sender(clock=frozen_clock())
-    sender.enqueue(receiver.url, "validated", {"request_id": "r"})
+    sender.enqueue(receiver.url, "validated", Job("r"))
     wait_until(lambda: sender.num_retries == 1)  # now waiting out its backoff (forever: the clock is frozen)
     receiver.mode = "ok"
     for i in range(3):
-        sender.add_generated(receiver.url, META, artifacts(i), ENCODING)
+        sender.add_generated(receiver.url, batch(i))
     t0 = time.monotonic()
     assert sender.flush(5.0) == (4, 0)  # the rows just added are included, interval and backoff ignored
     assert time.monotonic() - t0 < 2.0
@@ -274,9 +290,9 @@ def test_callbacks_flush_sends_now_and_returns_counts(receiver, make_sender, sto
 def test_callbacks_flush_keeps_undelivered_rows(make_sender, store):
     down = f"http://127.0.0.1:{closed_port()}{BASE_PATH}"
     sender = make_sender(interval_s=60.0, max_backoff_s=30.0)
-    sender.add_generated(down, META, artifacts(1), ENCODING)
-    sender.add_generated(down, META, artifacts(2), ENCODING)
-    sender.enqueue(down, "validated", {"request_id": "r"})
+    sender.add_generated(down, batch(1))
+    sender.add_generated(down, batch(2))
+    sender.enqueue(down, "validated", Job("r"))
     t0 = time.monotonic()
     assert sender.flush(3.0) == (0, 3)
     assert time.monotonic() - t0 < 2.0  # refused at once: no need to wait out the timeout
@@ -287,7 +303,7 @@ def test_callbacks_flush_keeps_undelivered_rows(make_sender, store):
 def test_callbacks_flush_times_out_with_rows_remaining(receiver, make_sender, store):
     receiver.mode, receiver.hang_s = "hang", 1.5
     sender = make_sender(interval_s=60.0, timeout_s=1.0)
-    sender.add_generated(receiver.url, META, artifacts(1), ENCODING)
+    sender.add_generated(receiver.url, batch(1))
     t0 = time.monotonic()
     assert sender.flush(0.3) == (0, 1)
     assert time.monotonic() - t0 < 0.8

@@ -20,7 +20,7 @@ from frontend.metrics import FrontendMetrics
 from frontend.routes.pow import CONTROL_TIMEOUT_S
 from frontend.settings import load_settings
 from protocol.common import ErrorInfo, Fingerprint
-from protocol.poc import Artifact
+from protocol.poc import Artifact, Encoding
 from protocol.pow import (
     JobView, NodeIdentity, PowGenerateRequest, PowInitRequest, PowJobReply, PowJobRequest, PowParams,
     PowStatusReply, PowStatusRequest, PowStopRequest, RoundConfig, RoundStats, StatTestSpec, ValidationOutcome,
@@ -200,10 +200,10 @@ async def test_pow_generate_validation_nonce_mismatch_is_decided_by_the_backend(
 
 
 @pytest.mark.parametrize("job,validation,expected", [
-    (JobView(job_id="f1", status="completed", k_dim=6, artifacts=ART), None,
+    (JobView(job_id="f1", status="completed", encoding=Encoding(k_dim=6), artifacts=ART), None,
      {"status": "completed", "request_id": "f1", "artifacts": ART_JSON,
       "encoding": {"dtype": "f16", "k_dim": 6, "endian": "le"}}),
-    (JobView(job_id="f2", status="completed", k_dim=6, artifacts=[]), None,
+    (JobView(job_id="f2", status="completed", encoding=Encoding(k_dim=6), artifacts=[]), None,
      {"status": "completed", "request_id": "f2", "artifacts": [],
       "encoding": {"dtype": "f16", "k_dim": 6, "endian": "le"}}),
     (JobView(job_id="f3", status="completed", validation=OUTCOME), {"artifacts": ART_JSON},
@@ -264,7 +264,7 @@ async def test_pow_generate_backend_unavailable_is_503(api):
 @pytest.mark.parametrize("job,expected", [
     (JobView(job_id="j1", status="queued", num_queued=4), {"status": "queued", "request_id": "j1"}),
     (JobView(job_id="j1", status="running"), {"status": "running", "request_id": "j1"}),
-    (JobView(job_id="j1", status="completed", k_dim=6, artifacts=ART),
+    (JobView(job_id="j1", status="completed", encoding=Encoding(k_dim=6), artifacts=ART),
      {"status": "completed", "request_id": "j1", "artifacts": ART_JSON,
       "encoding": {"dtype": "f16", "k_dim": 6, "endian": "le"}}),
     (JobView(job_id="j1", status="completed", validation=OUTCOME),
@@ -284,7 +284,7 @@ async def test_pow_job_poll_shapes(api, job, expected):
 
 # --- GET /status, POST /stop ----------------------------------------------------------------------------------
 
-CONFIG = RoundConfig(**NODE, group_id=0, n_groups=1, seq_len=256, k_dim=12)
+CONFIG = RoundConfig(node=NodeIdentity(**NODE), group_id=0, n_groups=1, seq_len=256, k_dim=12)
 
 
 @pytest.mark.parametrize("reply,expected", [

@@ -9,7 +9,10 @@ import pytest
 
 from backend.errors import RequestError
 from backend.pow.jobs import GenerateQueue, QueueFull
+from backend.pow.results import ArtifactsResult
 from backend.pow.store import Store
+from protocol.poc import Artifact, Encoding
+from protocol.pow import NodeIdentity, PowGenerateRequest, PowParams, ValidationOutcome
 
 
 class FakeClock:
@@ -45,8 +48,16 @@ def _reopen(store, path, clock=None, **kw) -> tuple[Store, GenerateQueue]:
     return new, _queue(new, clock, **kw)
 
 
-def _request(n: int) -> dict:
-    return {"nonces": list(range(n)), "block_hash": "h", "url": None}
+NODE = NodeIdentity(block_hash="h", block_height=1, public_key="pk", node_id=0, node_count=1)
+
+
+def _request(n: int, k_dim: int = 12, **kw) -> PowGenerateRequest:
+    return PowGenerateRequest(rid="r", node=NODE, params=PowParams(model="m", seq_len=8, k_dim=k_dim),
+                              nonces=list(range(n)), **kw)
+
+
+def _result(*nonces: int) -> ArtifactsResult:
+    return ArtifactsResult(artifacts=[Artifact(nonce=n, vector_b64="AA==") for n in nonces], encoding=Encoding())
 
 
 def test_jobs_cap_raises_queue_full_with_both_numbers(store):
@@ -61,7 +72,7 @@ def test_jobs_cap_raises_queue_full_with_both_numbers(store):
     assert e.value.message == "Queue full: 10 nonces queued, limit is 10"
     assert isinstance(e.value, RequestError) and e.value.status == 429
     assert q.get("c") is None
-    q.complete(running, {"artifacts": []})
+    q.complete(running, _result())
     assert q.queued_nonces == 4
     q.enqueue("c", _request(6), 6)
 
@@ -74,7 +85,7 @@ def test_jobs_fifo_order(store):
     while (job := q.peek_next()) is not None:
         order.append(job.id)
         q.mark_running(job)
-        q.complete(job, {"artifacts": []})
+        q.complete(job, _result())
     assert order == ["a", "b", "c"]
     assert q.queued_nonces == 0
 
@@ -104,19 +115,24 @@ def test_jobs_reload_keeps_fifo_and_requeues_running(store, path):
 def test_jobs_results_survive_reload(store, path):
     clock = FakeClock()
     q = _queue(store, clock)
-    q.enqueue("ok", {"nonces": [1, 2], "params": {"k_dim": 12}}, 2)
+    q.enqueue("ok", _request(2, k_dim=6), 2)
     q.enqueue("bad", _request(1), 1)
-    ok, bad = q.get("ok"), q.get("bad")
+    q.enqueue("val", _request(1, validation=[Artifact(nonce=0, vector_b64="AA==")]), 1)
+    ok, bad, val = q.get("ok"), q.get("bad"), q.get("val")
     q.mark_running(ok)
-    q.complete(ok, {"artifacts": [{"nonce": 1, "vector_b64": "AA=="}], "encoding": {"dtype": "f16"}})
+    q.complete(ok, _result(1))
+    q.mark_running(val)
+    outcome = ValidationOutcome(n_total=1, n_mismatch=0, mismatch_nonces=[], p_value=1.0, fraud_detected=False)
+    q.complete(val, outcome)
     q.mark_running(bad)
     q.fail(bad, "Timeout waiting for engine: chunk 0")
     clock.now += 10
     store, q = _reopen(store, path, clock)
     try:
-        ok, bad = q.get("ok"), q.get("bad")
-        assert (ok.status, ok.request["params"], ok.result["artifacts"][0]["nonce"]) == ("completed", {"k_dim": 12}, 1)
+        ok, bad, val = q.get("ok"), q.get("bad"), q.get("val")
+        assert (ok.status, ok.request.params.k_dim, ok.result) == ("completed", 6, _result(1))
         assert (bad.status, bad.error, bad.result) == ("failed", "Timeout waiting for engine: chunk 0", None)
+        assert (val.status, val.result) == ("completed", outcome)
         assert q.peek_next() is None and q.queued_nonces == 0
     finally:
         store.close()
@@ -129,7 +145,7 @@ def test_jobs_prune_by_injected_clock_and_get_hides_expired(store, path):
         q.enqueue(name, _request(1), 1)
     a = q.peek_next()
     q.mark_running(a)
-    q.complete(a, {"artifacts": []})
+    q.complete(a, _result())
     clock.now += 100
     b = q.peek_next()
     q.mark_running(b)
@@ -150,7 +166,7 @@ def test_jobs_reload_drops_expired_results(store, path):
     q.enqueue("a", _request(1), 1)
     a = q.peek_next()
     q.mark_running(a)
-    q.complete(a, {"artifacts": []})
+    q.complete(a, _result())
     clock.now += 6
     store, q = _reopen(store, path, clock, result_ttl_s=5.0)
     try:
@@ -167,7 +183,7 @@ def test_jobs_cancel_all_keeps_results_until_ttl(store, path):
         q.enqueue(name, _request(3), 3)
     a = q.peek_next()
     q.mark_running(a)
-    q.complete(a, {"artifacts": []})
+    q.complete(a, _result())
     q.mark_running(q.peek_next())  # b running, c queued
     assert q.cancel_all() == 2
     assert [q.get(n).status for n in "abc"] == ["completed", "cancelled", "cancelled"]
@@ -187,7 +203,7 @@ def test_jobs_result_after_cancel_is_kept(store):
     a = q.peek_next()
     q.mark_running(a)
     q.cancel_all()
-    q.complete(a, {"artifacts": [{"nonce": 0, "vector_b64": "AA=="}]})
+    q.complete(a, _result(0))
     assert q.get("a").status == "completed" and q.queued_nonces == 0
 
 

@@ -39,7 +39,7 @@ from protocol.generate import (
     AbortRequest, ChatMessage, Delta, DeltasEvent, EnforcedToken, GenerateErrorReply, GenerateRequest,
     ResponseFormat, SamplingSpec, TokenLogprob, TopLogprob,
 )
-from protocol.poc import Artifact, PocArtifactsReply, PocArtifactsRequest
+from protocol.poc import Artifact, Encoding, PocArtifactsReply, PocArtifactsRequest
 from protocol.pow import (
     JobView, NodeIdentity, PowGenerateRequest, PowInitRequest, PowJobReply, PowJobRequest, PowParams,
     PowStatusReply, PowStatusRequest, PowStopRequest, RoundConfig, RoundStats, StatTestSpec, ValidationOutcome,
@@ -131,13 +131,13 @@ CANONICAL: dict[type, msgspec.Struct] = {
     PowStatusRequest: PowStatusRequest(rid="w-4"),
     PowStopRequest: PowStopRequest(rid="w-5"),
     PowJobReply: PowJobReply(rid="w-2", job=JobView(
-        job_id="0b9c", status="completed", num_queued=2, k_dim=8, artifacts=[Artifact(nonce=1, vector_b64="AAA=")],
+        job_id="0b9c", status="completed", num_queued=2, artifacts=[Artifact(nonce=1, vector_b64="AAA=")],
+        encoding=Encoding(dtype="bf16", k_dim=8, endian="be"),
         validation=ValidationOutcome(n_total=2, n_mismatch=1, mismatch_nonces=[2], p_value=0.5,
                                      fraud_detected=True), error="boom"), error=_error_info()),
     PowStatusReply: PowStatusReply(
-        rid="w-4", status="GENERATING", config=RoundConfig(
-            block_hash="B", block_height=100, public_key="pk", node_id=1, node_count=2, group_id=1, n_groups=2,
-            seq_len=64, k_dim=8), stats=RoundStats(total_processed=64, nonces_per_second=12.5),
+        rid="w-4", status="GENERATING", config=RoundConfig(node=_node(), group_id=1, n_groups=2, seq_len=64, k_dim=8),
+        stats=RoundStats(total_processed=64, nonces_per_second=12.5),
         error=_error_info()),
 }
 
