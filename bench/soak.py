@@ -31,10 +31,22 @@ from pathlib import Path
 import aiohttp
 
 from bench.procs import (
-    Proc, free_port, group_cpu_s, group_rss_bytes, machine_busy_s, raise_on_signals, stop_all, wait_http_ok,
+    Proc,
+    free_port,
+    group_cpu_s,
+    group_rss_bytes,
+    machine_busy_s,
+    raise_on_signals,
+    stop_all,
+    wait_http_ok,
 )
 from bench.soak_traffic import (
-    PowDriver, PowPlan, chat_worker, missing_validations, summarize_chat, summarize_pow,
+    PowDriver,
+    PowPlan,
+    chat_worker,
+    missing_validations,
+    summarize_chat,
+    summarize_pow,
 )
 from tests.integration.pow_util import Receiver
 from tests.stack import backend_args, frontend_args
@@ -147,13 +159,13 @@ async def soak(cfg: SoakConfig, procs: list[Proc], urls: list[str], receiver: Re
                 await driver.stop(f"{urls[0]}/api/v1/pow")
         await asyncio.gather(*workers)
         load_s = time.monotonic() - started
-        cpu = [a - b for a, b in zip(_cpu(procs), cpu_before)]
+        cpu = [a - b for a, b in zip(_cpu(procs), cpu_before, strict=False)]
         client_cpu_s = _client_cpu() - client_before
         final = await drain(control, urls, driver, cfg.drain_timeout_s)
         sampler.cancel()
         await asyncio.to_thread(memory.sample)
         health = {}
-        for name, url in zip([p.name for p in procs[1:]], urls):
+        for name, url in zip([p.name for p in procs[1:]], urls, strict=False):
             async with control.get(f"{url}/health") as resp:
                 health[name] = resp.status
         alive = {p.name: p.proc.poll() is None for p in procs}

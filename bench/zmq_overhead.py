@@ -1,8 +1,8 @@
 """Microbenchmark: what the frontend + ZMQ hop add to one request, against a trivial engine stand-in.
 
 Three processes besides this one:
-- a fake backend: the real `backend.transport.server.SocketServer` and `backend.transport.control.ControlPlane`, plus a thread that
-  answers every GenerateRequest at once with one finishing 1-token DeltasEvent (no vLLM import);
+- a fake backend: the real `backend.transport.server.SocketServer` and `backend.transport.control.ControlPlane`,
+  plus a thread that answers every GenerateRequest at once with one finishing 1-token DeltasEvent (no vLLM import);
 - the real frontend (`python -m frontend`) connected to it;
 - a bare FastAPI app (same uvicorn settings) with one route returning the same JSON without ZMQ: the baseline.
 The client sends N sequential non-streaming /v1/chat/completions over one kept-alive HTTP connection to each
@@ -21,14 +21,14 @@ import http.client
 import json
 import os
 import platform
-import shlex
 import queue
+import shlex
 import signal
 import sys
 import threading
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -76,9 +76,9 @@ def serve_fake_backend(address: str, keys_dir: Path | None) -> None:
     from backend.transport.control import ControlPlane
     from backend.transport.curve import CurveGate
     from backend.transport.server import SocketServer
+    from common.logs import configure_logging
     from protocol.common import Fingerprint
     from protocol.generate import Delta, DeltasEvent, GenerateRequest
-    from common.logs import configure_logging
     from protocol.version import PROTOCOL_VERSION
 
     configure_logging("console", "warning")
@@ -159,10 +159,10 @@ def zmq_timer(address: str, keys_dir: Path | None):
     """Times the backend hop alone: a DEALER sends GenerateRequest and waits for the DeltasEvent (no HTTP)."""
     import zmq
 
-    from frontend import settings as frontend_settings
-    from protocol.codec import frontend_codec
     from common.curve import set_client_keys
     from common.sockets import make_socket
+    from frontend import settings as frontend_settings
+    from protocol.codec import frontend_codec
     from protocol.generate import ChatMessage, DeltasEvent, GenerateRequest, SamplingSpec
 
     sock = make_socket(zmq.Context.instance(), zmq.DEALER)
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     verdict = "meets" if overhead["p50_ms"] < 0.5 else "MISSES"
     print(f"overhead p50 {overhead['p50_ms']:.3f} ms: {verdict} the < 0.5 ms target")
     if args.json is not None:
-        out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device_note": args.device_note,
+        out = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "device_note": args.device_note,
                "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                            "python": platform.python_version()},
                "command": shlex.join(["python", "-m", "bench.zmq_overhead", *(argv or sys.argv[1:])]),

@@ -6,10 +6,10 @@ import sys
 
 import uvicorn
 
-from frontend.app import create_app
-from frontend.settings import load_settings
 from common.config import SettingsError
 from common.logs import configure_logging
+from frontend.app import create_app
+from frontend.settings import load_settings
 
 
 def main(argv: list[str] | None = None) -> None:

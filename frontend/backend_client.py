@@ -8,23 +8,29 @@ With CURVE keys the DEALER is a CURVE client; a RefusalWatch logs and retries a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
+from typing import cast
 
 import msgspec
 import structlog
 import zmq
 
+from common.curve import KeyFile, set_client_keys
+from common.sockets import make_client_socket
 from frontend.refusals import RefusalWatch
 from protocol.codec import frontend_codec
 from protocol.common import BackendStats, ErrorInfo, Fingerprint
 from protocol.control import DeadEvent, ErrorReply, HelloRequest, PingRequest, PongReply, ReadyReply
-from common.curve import KeyFile, set_client_keys
-from common.sockets import make_client_socket
 from protocol.generate import (
-    AbortRequest, Delta, DeltasEvent, GenerateErrorReply, GenerateRequest,
+    AbortRequest,
+    Delta,
+    DeltasEvent,
+    GenerateErrorReply,
+    GenerateRequest,
 )
 from protocol.poc import PocArtifactsReply
 from protocol.pow import PowJobReply, PowStatusReply
@@ -94,7 +100,7 @@ class BackendClient:
         timeout_ms = max(100, int(self.backend_timeout_s * 1000))
         sock = make_client_socket(self._ctx, self._routing_id, timeout_ms=timeout_ms,
                                   heartbeat_ivl_ms=max(10, int(self.ping_interval_s * 1000)))
-        if self.curve_keys is not None:
+        if self.curve_keys is not None and self.curve_server_key is not None:
             # The backend answers nothing until its ZAP handler admits our public key.
             set_client_keys(sock, self.curve_keys, self.curve_server_key)
         self._loop = asyncio.get_running_loop()
@@ -102,7 +108,7 @@ class BackendClient:
                                      public_key=self.curve_keys.public_key if self.curve_keys else None)
         sock.connect(self.address)
         self._sock = sock
-        self._loop.add_reader(sock.getsockopt(zmq.FD), self._drain)
+        self._loop.add_reader(sock, self._drain)
         self._tasks = [asyncio.create_task(self._pinger(), name="backend-pinger")]
 
     async def close(self) -> None:
@@ -111,8 +117,9 @@ class BackendClient:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._fail_all("frontend shutting down")
         if self._sock is not None:
-            self._loop.remove_reader(self._sock.getsockopt(zmq.FD))
-            self.refusals.close()
+            self._loop.remove_reader(self._sock)
+            if self.refusals is not None:
+                self.refusals.close()
             self._sock.close(linger=0)
         self._ctx.term()
 
@@ -129,7 +136,7 @@ class BackendClient:
     def new_rid(self) -> str:
         return f"{self._rid_prefix}-{next(self._rids)}"
 
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[Delta]:
+    async def generate(self, req: GenerateRequest) -> AsyncGenerator[Delta, None]:
         """Yields deltas until the finishing one; aborts in the backend if the caller stops early."""
         await self._ensure_alive()
         q: asyncio.Queue = asyncio.Queue()
@@ -197,6 +204,8 @@ class BackendClient:
             raise BackendUnavailable("backend unavailable") from None
 
     async def _send(self, msg: msgspec.Struct) -> None:
+        if self._sock is None:
+            raise BackendUnavailable("frontend not started")
         try:
             self._sock.send(self._codec.encode(msg), flags=zmq.NOBLOCK)
         except zmq.Again as e:  # IMMEDIATE: no connected backend
@@ -245,10 +254,8 @@ class BackendClient:
             log.warning("backend_breaker_open", misses=self._misses)
 
     async def _send_hello(self) -> None:
-        try:
+        with contextlib.suppress(BackendUnavailable):  # retried on the next pong
             await self._send(HelloRequest(protocol_version=PROTOCOL_VERSION, frontend_id=self.frontend_id))
-        except BackendUnavailable:
-            pass  # retried on the next pong
 
     async def _abort_orphans(self) -> None:
         rids = sorted(self._orphans)
@@ -275,7 +282,7 @@ class BackendClient:
         sock = self._sock
         if sock is None or sock.closed:
             return
-        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        while cast(int, sock.get(zmq.EVENTS)) & zmq.POLLIN:
             frame = sock.recv(zmq.NOBLOCK)
             try:
                 msg = self._codec.decode(frame)

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import json
+from typing import cast
 
 from frontend.errors import ApiError
 from frontend.openai_models import ChatCompletionRequest, CompletionRequest
 from protocol.generate import (
-    ChatMessage, Delta, EnforcedToken, GenerateRequest, ResponseFormat, SamplingSpec, TokenLogprob,
+    ChatMessage,
+    Delta,
+    EnforcedToken,
+    GenerateRequest,
+    ResponseFormat,
+    SamplingSpec,
+    TokenLogprob,
 )
 
 
@@ -45,7 +52,8 @@ def chat_request(rid: str, body: ChatCompletionRequest) -> GenerateRequest:
 
 def completion_request(rid: str, body: CompletionRequest) -> GenerateRequest:
     spec = _spec(body, body.max_tokens, body.logprobs)
-    return GenerateRequest(rid=rid, sampling=spec, prompt=body.prompt, stream=body.stream)
+    # The model's validator turns a one-element prompt list into its string.
+    return GenerateRequest(rid=rid, sampling=spec, prompt=cast(str, body.prompt), stream=body.stream)
 
 
 class TokenFormat:

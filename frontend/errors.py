@@ -45,7 +45,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
         param = _param_of(tuple(first.get("loc", ())))
-        message = f"{param}: {first['msg']}" if param else first["msg"]
+        message = f"{param}: {first['msg']}" if param else str(first["msg"])
         return error_response(400, message, param=param)
 
     @app.exception_handler(ApiError)

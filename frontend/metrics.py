@@ -50,7 +50,8 @@ class BackendCollector:
             g.add_metric([], float(value))
             yield g
         cumulative, buckets = 0, []
-        for bound, count in zip([*stats.iteration_tokens_bounds, float("inf")], stats.iteration_tokens_counts):
+        bounds = [*stats.iteration_tokens_bounds, float("inf")]
+        for bound, count in zip(bounds, stats.iteration_tokens_counts, strict=False):
             cumulative += count
             buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
         h = HistogramMetricFamily("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.")

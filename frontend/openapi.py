@@ -8,6 +8,7 @@ can answer with `errors(...)`; streams add text/event-stream to their 200.
 from __future__ import annotations
 
 from http import HTTPStatus
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -43,11 +44,11 @@ _SSE_EVENT = {"type": "object", "required": ["data"],
               "properties": {"data": {"type": "string", "contentMediaType": "application/json"},
                              "event": {"type": "string"}, "id": {"type": "string"},
                              "retry": {"type": "integer", "minimum": 0}}}
-SSE = {200: {"description": "JSON, or server-sent events when `stream` is true.",
+SSE: dict[int | str, dict[str, Any]] = {200: {"description": "JSON, or server-sent events when `stream` is true.",
              "content": {"text/event-stream": {"schema": _SSE_EVENT}}}}
 
 
-def errors(*statuses: int) -> dict:
+def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {s: {"model": ErrorBody, "description": _WHEN.get(s, HTTPStatus(s).phrase)} for s in statuses}
 
 
@@ -64,4 +65,4 @@ def install_openapi(app: FastAPI) -> None:
             app.openapi_schema = schema
         return app.openapi_schema
 
-    app.openapi = openapi
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to adjust the schema

@@ -15,7 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from frontend.fields import Text
 from protocol.poc import DEFAULT_K_DIM, Artifact
 from protocol.pow import (
-    NodeIdentity, PowGenerateRequest, PowInitRequest, PowParams, StatTestSpec,
+    NodeIdentity,
+    PowGenerateRequest,
+    PowInitRequest,
+    PowParams,
+    StatTestSpec,
 )
 
 # msgspec encodes integers up to 64 bits; a bigger one must be a 400 here, not a 500 at encode time.

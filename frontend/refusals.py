@@ -9,6 +9,9 @@ been given our key by then.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Mapping
+from typing import Any, cast
 
 import structlog
 import zmq
@@ -33,21 +36,21 @@ class RefusalWatch:
         self._public_key = public_key.decode() if public_key is not None else None
         self._retry: asyncio.TimerHandle | None = None
         self._monitor = sock.get_monitor_socket(_EVENTS)
-        loop.add_reader(self._monitor.getsockopt(zmq.FD), self._drain)
+        loop.add_reader(self._monitor, self._drain)
         # A zmq FD signals edges, and a new socket's first message raises none until EVENTS has been read once.
         loop.call_soon(self._drain)
 
     def close(self) -> None:
         if self._retry is not None:
             self._retry.cancel()
-        self._loop.remove_reader(self._monitor.getsockopt(zmq.FD))
+        self._loop.remove_reader(self._monitor)
         self._sock.disable_monitor()
         self._monitor.close(linger=0)
 
     def _drain(self) -> None:
         """Reader callback: the monitor's FD, like any zmq FD, only signals edges, so read all that is ready."""
         mon = self._monitor
-        while not mon.closed and mon.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        while not mon.closed and cast(int, mon.get(zmq.EVENTS)) & zmq.POLLIN:
             event = recv_monitor_message(mon, zmq.NOBLOCK)
             self.num_refused += 1
             if self.num_refused <= 10 or self.num_refused % 100 == 0:
@@ -60,14 +63,13 @@ class RefusalWatch:
         self._retry = None
         if self._sock.closed:
             return
-        try:
+        # libzmq may have dropped the endpoint already: connecting again is all that is needed then.
+        with contextlib.suppress(zmq.ZMQError):
             self._sock.disconnect(self.address)
-        except zmq.ZMQError:
-            pass  # libzmq already dropped the endpoint: connecting again is all that is needed
         self._sock.connect(self.address)
 
 
-def refusal_reason(event: dict) -> str:
+def refusal_reason(event: Mapping[str, Any]) -> str:
     value = int(event["value"])
     if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
         return f"the backend does not authorise this frontend's CURVE public key (ZAP status {value})"

@@ -9,8 +9,8 @@ row would only turn into NaN at normalisation anyway; dropping it early says so 
 from __future__ import annotations
 
 import base64
-import operator
 import binascii
+import operator
 from collections.abc import Sequence
 
 import numpy as np
@@ -35,7 +35,7 @@ def _keep_rows(
     if all(keep_list):
         return x, nonces
     index = torch.nonzero(keep, as_tuple=True)[0]
-    return x.index_select(0, index), [n for n, k in zip(nonces, keep_list) if k]
+    return x.index_select(0, index), [n for n, k in zip(nonces, keep_list, strict=False) if k]
 
 
 def compute_artifact_vectors(
@@ -115,4 +115,4 @@ def compute_artifacts(
 ) -> list[tuple[int, str]]:
     """The wire artifacts of one batch: [(nonce, vector_b64)] for every kept nonce, in nonce order."""
     kept, vectors = compute_artifact_vectors(last_hidden, block_hash, public_key, nonces, k_dim)
-    return list(zip(kept, encode_vectors(vectors)))
+    return list(zip(kept, encode_vectors(vectors), strict=False))

@@ -27,7 +27,7 @@ try:  # a CPU build of torch ships a Triton without GPU backends: importable, ne
     import triton
     import triton.language as tl
     from triton.language.extra import libdevice
-except Exception:  # noqa: BLE001
+except Exception:
     triton = None
 
 

@@ -15,7 +15,6 @@ from vllm.v1.attention.backend import CommonAttentionMetadata
 
 from poc.rng import host_to_device
 
-
 # vLLM dispatches RMSNorm through IR ops whose default priority is "native" when the engine compiles with
 # inductor, so an eager forward (skip_compiled) would run the unfused PyTorch norm: on an H100 that was about
 # half of the whole PoC forward. The fork ran its norms with vLLM's CUDA kernels (custom_ops "all", spec
@@ -33,6 +32,8 @@ def eager_norm_kernels():
 
 def _kernel_block_size(mr, group_id: int) -> int:
     sizes = getattr(mr, "_kernel_block_sizes", None) or getattr(mr, "kernel_block_sizes", None)
+    if sizes is None:
+        raise RuntimeError(f"{type(mr).__name__} exposes no kernel block sizes (an unsupported vLLM version)")
     return int(sizes[group_id])
 
 

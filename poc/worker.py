@@ -15,6 +15,7 @@ Invariants (each one cost someone invalid votes, see ARCHITECTURE §9):
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -77,6 +78,11 @@ def _sync(device: torch.device) -> None:
 
 class PocWorkerExtension:
     """Methods mixed into vLLM's Worker; called through collective_rpc by name."""
+
+    # The Worker's, once vLLM mixes this class in.
+    model_runner: Any
+    vllm_config: Any
+    device: Any
 
     def _householder(self, block_hash: str, num_layers: int, hidden_size: int, device) -> torch.Tensor:
         """The round's per-layer vectors, cached: they depend only on the block hash (spec §1.7)."""

@@ -2,25 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Union
-
 import msgspec
 
 from protocol.control import DeadEvent, ErrorReply, HelloRequest, PingRequest, PongReply, ReadyReply
 from protocol.generate import AbortRequest, DeltasEvent, GenerateErrorReply, GenerateRequest
 from protocol.poc import PocArtifactsReply, PocArtifactsRequest
 from protocol.pow import (
-    PowGenerateRequest, PowInitRequest, PowJobReply, PowJobRequest, PowStatusReply, PowStatusRequest, PowStopRequest,
+    PowGenerateRequest,
+    PowInitRequest,
+    PowJobReply,
+    PowJobRequest,
+    PowStatusReply,
+    PowStatusRequest,
+    PowStopRequest,
 )
 
-ToBackend = Union[
-    HelloRequest, PingRequest, GenerateRequest, AbortRequest, PocArtifactsRequest,
-    PowInitRequest, PowGenerateRequest, PowJobRequest, PowStatusRequest, PowStopRequest,
-]
-ToFrontend = Union[
-    ReadyReply, PongReply, DeltasEvent, GenerateErrorReply, ErrorReply, DeadEvent, PocArtifactsReply,
-    PowJobReply, PowStatusReply,
-]
+ToBackend = (
+    HelloRequest | PingRequest | GenerateRequest | AbortRequest | PocArtifactsRequest
+    | PowInitRequest | PowGenerateRequest | PowJobRequest | PowStatusRequest | PowStopRequest
+)
+ToFrontend = (
+    ReadyReply | PongReply | DeltasEvent | GenerateErrorReply | ErrorReply | DeadEvent | PocArtifactsReply
+    | PowJobReply | PowStatusReply
+)
 
 TO_BACKEND_TYPES: tuple[type, ...] = ToBackend.__args__
 TO_FRONTEND_TYPES: tuple[type, ...] = ToFrontend.__args__

@@ -12,8 +12,6 @@ Both ends are one build of this repository, started together: no version handsha
 
 from __future__ import annotations
 
-from typing import Union
-
 import msgspec
 
 from protocol.common import ErrorInfo
@@ -82,5 +80,5 @@ class ProcessorStats(msgspec.Struct, tag="p.stats", kw_only=True):
     iteration_tokens_count: int
 
 
-ToProcessor = Union[PrepareRequest, EngineOutputs, ForgetRequest]
-FromProcessor = Union[Prepared, PrepareFailed, StopStringsHit, ProcessorReady, ProcessorStats]
+ToProcessor = PrepareRequest | EngineOutputs | ForgetRequest
+FromProcessor = Prepared | PrepareFailed | StopStringsHit | ProcessorReady | ProcessorStats

@@ -85,7 +85,7 @@ def _logprobs_content(response: Any) -> list[Any] | None:
 
 
 def _first_difference(inference: list[PositionResult], validation: list[PositionResult]) -> str:
-    for index, (a, b) in enumerate(zip(inference, validation)):
+    for index, (a, b) in enumerate(zip(inference, validation, strict=False)):
         if a["token"] != b["token"]:
             return f"position {index}: inference token {a['token']!r}, validation token {b['token']!r}"
     return f"lengths {len(inference)} (inference) and {len(validation)} (validation)"

@@ -83,7 +83,7 @@ def distance2(inf_seq: Sequence[PositionResult], val_seq: Sequence[PositionResul
 
     total = 0.0
     total_matches = 0
-    for inf_pos, val_pos in zip(inf_seq, val_seq):
+    for inf_pos, val_pos in zip(inf_seq, val_seq, strict=False):
         d, m = token_distance2(inf_pos["logprobs"], val_pos["logprobs"])
         total += d
         total_matches += m

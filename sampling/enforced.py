@@ -16,6 +16,7 @@ every step: measured at -40% throughput on an H100).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -105,7 +106,7 @@ def install(sampler, rows: EnforcedRows) -> None:
             plan = current[-1]
             if plan.enforced is not None:
                 sampled = torch.where(plan.enforced >= 0, plan.enforced.to(sampled.dtype), sampled)
-            if plan.raw_logprobs is not None and processed is not None:
+            if plan.raw_logprobs is not None and plan.raw_rows is not None and processed is not None:
                 processed = torch.where(plan.raw_rows[:, None], plan.raw_logprobs, processed)
         return sampled, processed
 
@@ -115,6 +116,10 @@ def install(sampler, rows: EnforcedRows) -> None:
 
 class EnforcedSamplingExtension:
     """Worker-extension methods (mixed into vLLM's Worker), called by name from the engine thread."""
+
+    # The Worker's, once vLLM mixes this class in.
+    model_runner: Any
+    device: Any
 
     def install_enforced_sampling(self) -> bool:
         mr = self.model_runner

@@ -30,7 +30,7 @@ class HFReference:
                   stronger_rng: bool = False) -> dict[int, str]:
         layers = self.model.model.layers
         vectors = householder_vectors(block_hash, len(layers), self.hidden_size, "cpu")
-        handles = [layer.register_forward_hook(_hook(v)) for layer, v in zip(layers, vectors)]
+        handles = [layer.register_forward_hook(_hook(v)) for layer, v in zip(layers, vectors, strict=False)]
         try:
             x = input_embeddings(block_hash, public_key, nonces, seq_len, self.hidden_size, "cpu", torch.bfloat16,
                                  stronger_rng=stronger_rng)

@@ -29,8 +29,8 @@ class Proc:
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "Proc":
-        log = open(self.log_path, "ab")
+    def start(self) -> Proc:
+        log = open(self.log_path, "ab")  # noqa: SIM115  (the child keeps writing to it)
         self.proc = subprocess.Popen([sys.executable, *self.args], cwd=REPO, env=self.env, stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         return self

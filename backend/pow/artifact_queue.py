@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 import structlog
 
 from backend.engine.poc import NoFreeBlocks
-from poc.spec import ArtifactJob
 from backend.errors import RequestFailed
 from backend.iterations import IterationHistogram
+from poc.spec import ArtifactJob
 from protocol.common import ErrorInfo
 from protocol.poc import Artifact
 

@@ -184,14 +184,15 @@ class CallbackSender:
         self._store.submit(_insert(row), on_done)
 
     def _http_post(self, url: str, body: bytes) -> int:
+        assert self._client is not None, "the default poster is the HTTP client's"
         return self._client.post(url, content=body, headers={"content-type": "application/json"}).status_code
 
     def _post_group(self, group: _Group, rows: list[_Row]) -> None:  # pool thread
         first = rows[0]
-        body = first.body
         if first.kind == STREAM:  # one POST for the group: its rows differ only in their artifacts
-            body = msgspec.structs.replace(body, artifacts=[a for r in rows for a in r.body.artifacts])
-        body = msgspec.json.encode(body)
+            body = msgspec.json.encode(_merged([r.body for r in rows]))
+        else:
+            body = msgspec.json.encode(first.body)
         try:
             self._inbox.put(_Result(group, rows, self._post(f"{first.url.rstrip('/')}/{first.path}", body), None))
         except Exception as e:  # any transport failure is a failed attempt, retried with backoff
@@ -359,10 +360,22 @@ class CallbackSender:
                     f.done.set()
 
 
+def _merged(bodies: list) -> MinedBody:
+    """Stream rows of one group (the same node and encoding) as one body."""
+    first = bodies[0]
+    assert isinstance(first, MinedBody), "stream rows are mining batches"
+    return msgspec.structs.replace(first, artifacts=[a for b in bodies for a in b.artifacts])
+
+
 def _group_key(row: _Row) -> tuple:
     if row.kind == STREAM:
-        return STREAM, row.url, row.path, msgspec.json.encode(msgspec.structs.replace(row.body, artifacts=[]))
+        return STREAM, row.url, row.path, _without_artifacts(row.body)
     return JOB, row.id
+
+
+def _without_artifacts(body) -> bytes:
+    assert isinstance(body, MinedBody), "stream rows are mining batches"
+    return msgspec.json.encode(msgspec.structs.replace(body, artifacts=[]))
 
 
 # --- store functions (run on the store's thread) ---
@@ -374,6 +387,7 @@ def _insert(row: _Row) -> Callable[[sqlite3.Connection], _Row]:
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
             (row.url, row.path, row.kind, msgspec.json.encode(row.body).decode(), row.attempts,
              row.next_attempt_at, row.created_at))
+        assert cur.lastrowid is not None
         row.id = cur.lastrowid  # the row reaches the dispatcher only through on_done, after this
         return row
     return fn

@@ -271,7 +271,12 @@ def _select_all(conn: sqlite3.Connection) -> list[tuple]:
 def _job_from_row(row: tuple) -> Job:
     job_id, status, request, result, error, num_nonces, created_at, finished_at = row
     msg = msgspec.json.decode(request, type=PowGenerateRequest)
-    result_type = ArtifactsResult if msg.validation is None else ValidationOutcome
     return Job(id=job_id, status=status, request=msg, num_nonces=num_nonces, created_at=created_at,
-               result=None if result is None else msgspec.json.decode(result, type=result_type), error=error,
-               finished_at=finished_at)
+               result=None if result is None else _decode_result(result, msg), error=error, finished_at=finished_at)
+
+
+def _decode_result(text: str, msg: PowGenerateRequest) -> JobResult:
+    """Which of the two result types a row holds, its request says."""
+    if msg.validation is None:
+        return msgspec.json.decode(text, type=ArtifactsResult)
+    return msgspec.json.decode(text, type=ValidationOutcome)

@@ -19,17 +19,25 @@ from backend.errors import RequestError, gate_error, pow_error
 from backend.pow.artifact_queue import ArtifactQueue, ArtifactTask
 from backend.pow.callbacks import CallbackSender
 from backend.pow.jobs import GenerateQueue, Job, QueueFull
+from backend.pow.results import MinedBody, callback_body, echo, job_result, job_view
 from backend.pow.store import Store
 from backend.settings import BackendSettings
-from backend.pow.results import MinedBody, callback_body, echo, job_result, job_view
 from poc.errors import PocInputError
 from poc.manager import MiningRound, RoundSpec
 from poc.spec import ArtifactJob, PocSpec
 from protocol.common import ErrorInfo
 from protocol.poc import Artifact, PocArtifactsReply, PocArtifactsRequest
 from protocol.pow import (
-    PowGenerateRequest, PowInitRequest, PowJobReply, PowJobRequest, PowParams, PowStatusReply,
-    PowStatusRequest, PowStopRequest, RoundConfig, RoundStats,
+    PowGenerateRequest,
+    PowInitRequest,
+    PowJobReply,
+    PowJobRequest,
+    PowParams,
+    PowStatusReply,
+    PowStatusRequest,
+    PowStopRequest,
+    RoundConfig,
+    RoundStats,
 )
 
 log = structlog.get_logger(__name__)
@@ -257,6 +265,7 @@ class PowService:
 
     def _submit_mining_batch(self) -> None:
         r = self.round
+        assert r is not None, "fed only while a round is active"
         s = r.spec
         nonces = r.next_batch()
 
@@ -284,9 +293,10 @@ class PowService:
             if msg.validation is not None and error is None:
                 self.num_validations += 1
             if job is not None:
-                if error is not None:
-                    log.error("poc_job_failed", job_id=job.id, error=error.message)
-                    self.jobs.fail(job, error.message)
+                if result is None:
+                    message = error.message if error is not None else "no result"
+                    log.error("poc_job_failed", job_id=job.id, error=message)
+                    self.jobs.fail(job, message)
                     return
                 if msg.url:  # the callback first: a crash in between re-runs the job instead of losing it
                     self.callbacks.enqueue(msg.url, *callback_body(job.id, msg, result))
@@ -319,4 +329,5 @@ def build_pow_service(settings: BackendSettings, artifacts: ArtifactQueue, chat,
     log.info("pow_state_loaded", num_queued_jobs=jobs.num_queued, num_undelivered_callbacks=callbacks.backlog)
     return PowService(artifacts=artifacts, jobs=jobs, callbacks=callbacks, send=send, chat=chat,
                       model_names=model_names, mode=settings.scheduling_mode,
-                      default_batch_size=settings.batch_size_default, stop_flush_timeout_s=settings.stop_flush_timeout_s)
+                      default_batch_size=settings.batch_size_default,
+                      stop_flush_timeout_s=settings.stop_flush_timeout_s)

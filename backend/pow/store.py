@@ -153,15 +153,17 @@ class Store:
         try:
             is_running = True
             while is_running:
-                batch = [self._ops.get()]
-                while len(batch) < _MAX_BATCH and batch[-1] is not None:
+                batch: list[_Op] = []
+                op = self._ops.get()
+                while op is not None:  # None: close() asked to stop, after what was submitted before it
+                    batch.append(op)
+                    if len(batch) == _MAX_BATCH:
+                        break
                     try:
-                        batch.append(self._ops.get_nowait())
+                        op = self._ops.get_nowait()
                     except queue.Empty:
                         break
-                if batch[-1] is None:
-                    is_running = False
-                    batch.pop()
+                is_running = op is not None
                 if batch:
                     self._run_batch(conn, batch)
         finally:
@@ -186,7 +188,7 @@ class Store:
                 conn.execute("ROLLBACK")
             log.error("store_commit_failed", path=str(self.path), error=str(e), num_ops=len(batch))
             results = [e] * len(batch)
-        for op, result in zip(batch, results):
+        for op, result in zip(batch, results, strict=False):
             self._finish(op, result)
 
     def _finish(self, op: _Op, result: Any) -> None:

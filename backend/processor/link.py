@@ -7,6 +7,7 @@ A header struct, then, for the messages that carry them, vLLM's own structs enco
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest
@@ -15,7 +16,7 @@ from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 from backend.processor import PreparedRequests
 from protocol.processor import EngineOutputs, FromProcessor, Prepared, ToProcessor
 
-Frames = Sequence[bytes | memoryview]
+Frames = Sequence[Any]  # bytes, memoryviews or zmq.Frames
 
 
 class EngineSide:

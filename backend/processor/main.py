@@ -25,7 +25,13 @@ from protocol.codec import backend_codec
 from protocol.common import ErrorInfo
 from protocol.generate import DeltasEvent, GenerateRequest
 from protocol.processor import (
-    FORWARD, ForgetRequest, PrepareFailed, Prepared, PrepareRequest, ProcessorReady, StopStringsHit,
+    FORWARD,
+    ForgetRequest,
+    Prepared,
+    PrepareFailed,
+    PrepareRequest,
+    ProcessorReady,
+    StopStringsHit,
 )
 
 log = structlog.get_logger(__name__)

@@ -12,7 +12,11 @@ from backend.errors import RequestError
 from protocol.generate import GenerateRequest, SamplingSpec
 from sampling.enforced import ENFORCED_KEY, MODE_KEY
 from sampling.enforced_input import (
-    EnforcedSequence, SamplingFieldError, decode_enforced_str, decode_enforced_tokens, resolve_logprobs_mode,
+    EnforcedSequence,
+    SamplingFieldError,
+    decode_enforced_str,
+    decode_enforced_tokens,
+    resolve_logprobs_mode,
 )
 
 MAX_TOP_LOGPROBS = 20

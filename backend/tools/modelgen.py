@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -66,8 +67,8 @@ MERGE_WORDS = (
 _SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                "num_key_value_heads", "head_dim", "max_position_embeddings")
 SHAPES: dict[str, dict[str, int]] = {
-    "tiny": dict(zip(_SHAPE_KEYS, (256, 768, 4, 4, 2, 64, 4096))),
-    "qwen3-0.6b": dict(zip(_SHAPE_KEYS, (1024, 3072, 28, 16, 8, 128, 40960))),
+    "tiny": dict(zip(_SHAPE_KEYS, (256, 768, 4, 4, 2, 64, 4096), strict=False)),
+    "qwen3-0.6b": dict(zip(_SHAPE_KEYS, (1024, 3072, 28, 16, 8, 128, 40960), strict=False)),
 }
 
 
@@ -82,7 +83,7 @@ def byte_to_unicode() -> dict[int, str]:
 def _apply_merges(pieces: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
     """Plain BPE: repeatedly merge the adjacent pair of lowest rank."""
     while len(pieces) > 1:
-        pairs = [(ranks.get(p, len(ranks)), i) for i, p in enumerate(zip(pieces, pieces[1:]))]
+        pairs = [(ranks.get(p, len(ranks)), i) for i, p in enumerate(itertools.pairwise(pieces))]
         rank, i = min(pairs)
         if rank == len(ranks):
             return pieces
@@ -216,7 +217,7 @@ def write_safetensors(path: Path, specs: dict[str, tuple[int, ...]], seed: int) 
         f.write(struct.pack("<Q", len(header_bytes)) + header_bytes)
         # Windows of tensors bound memory; numpy drops the GIL while filling, so threads scale.
         for start in range(0, len(items), 4 * num_workers):
-            names, shapes = zip(*items[start:start + 4 * num_workers])
+            names, shapes = zip(*items[start:start + 4 * num_workers], strict=False)
             for data in pool.map(tensor_bytes, names, shapes, [seed] * len(names)):
                 f.write(data)
 

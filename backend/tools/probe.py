@@ -10,6 +10,7 @@ Against a CURVE backend give it a key pair the backend authorises, with the fron
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -19,11 +20,11 @@ import msgspec
 import zmq
 
 from backend.settings import DEFAULT_ADDRESS
+from common.config import SettingsError, load, option, setting
+from common.curve import KeyFile, check_client_keys, client_key_setting, server_key_setting, set_client_keys
+from common.sockets import make_socket
 from protocol.codec import frontend_codec
 from protocol.common import BackendStats, Fingerprint
-from common.config import SettingsError, load, option, setting
-from common.sockets import make_socket
-from common.curve import KeyFile, check_client_keys, client_key_setting, server_key_setting, set_client_keys
 from protocol.control import HelloRequest, PingRequest, PongReply, ReadyReply
 from protocol.version import PROTOCOL_VERSION
 

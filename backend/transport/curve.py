@@ -17,6 +17,8 @@ red. A directory that cannot be read, or holds a bad file, keeps the last good s
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import structlog
 import zmq
@@ -33,7 +35,7 @@ log = structlog.get_logger(__name__)
 # RFC 27 fixes the endpoint: one ZAP handler per zmq.Context.
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 ZAP_DOMAIN = b"pocserve"
-_FAILURE_REASONS = {
+_FAILURE_REASONS: dict[int, str] = {
     zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH: "peer does not speak CURVE (a frontend without CURVE settings?)",
     zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC: "CURVE handshake failed (peer holds another server public key?)",
 }
@@ -76,9 +78,9 @@ class CurveGate:
         return [self._zap, self._monitor]
 
     def on_events(self, events: dict) -> None:
-        if self._zap in events:
+        if self._zap is not None and self._zap in events:
             self._on_zap_request(self._zap.recv_multipart())
-        if self._monitor in events:
+        if self._monitor is not None and self._monitor in events:
             self._on_handshake_failed(recv_monitor_message(self._monitor))
         if time.monotonic() - self._reloaded_at >= self._reload_interval_s:
             self._reloaded_at = time.monotonic()
@@ -124,10 +126,10 @@ class CurveGate:
                         reason=f"public key not in {self._clients.path}", num_refused=self.num_curve_refusals)
         self._reply(request_id, b"400", b"unknown public key")
 
-    def _on_handshake_failed(self, event: dict) -> None:
+    def _on_handshake_failed(self, event: Mapping[str, Any]) -> None:
         self.num_curve_refusals += 1
         if self._is_logged(None):
-            value = int(event["value"])
+            value: int = event["value"]
             log.warning("curve_handshake_failed", reason=_FAILURE_REASONS.get(value, f"ZMTP error {value:#x}"),
                         endpoint=event["endpoint"].decode(errors="replace"),
                         num_refused=self.num_curve_refusals)
@@ -141,11 +143,12 @@ class CurveGate:
 
     def _reply(self, request_id: bytes, status: bytes, text: bytes, user_id: bytes = b"") -> None:
         # version, request id, status code, status text, user id, metadata
+        assert self._zap is not None, "replies only answer requests read from the handler's socket"
         self._zap.send_multipart([b"1.0", request_id, status, text, user_id, b""])
 
     def admits(self, frame: zmq.Frame) -> bool:
         """Whether the key `frame` came with (its connection's ZAP user id) is still authorised."""
-        key = frame.get("User-Id").encode()
+        key = str(frame.get("User-Id")).encode()
         if key in self._clients.keys:
             return True
         self.num_curve_refusals += 1

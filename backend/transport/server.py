@@ -16,17 +16,18 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 import structlog
 import zmq
 
-from common.sockets import make_socket
-from protocol.codec import backend_codec
+from backend.errors import RequestError
 from backend.transport.control import ControlPlane
 from backend.transport.curve import CurveGate
 from backend.transport.peers import FrontendLost, PeerTable
-from backend.errors import RequestError
+from common.sockets import make_socket
+from protocol.codec import backend_codec
 from protocol.control import DeadEvent, ErrorReply, HelloRequest, PingRequest
 from protocol.processor import FORWARD, ProcessorStats
 
@@ -66,7 +67,7 @@ class SocketServer:
         self._gate = gate
         # Bound by the io thread for the processor process; its codec comes with attach_link (it imports vLLM).
         self._link_address = link_address
-        self._link_codec = None
+        self._link_codec: Any = None
         self.outbox: queue.Queue = queue.Queue()
         self._pipe_addr = f"inproc://pocserve-out-{id(self):x}"
         self._stop = threading.Event()

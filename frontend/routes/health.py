@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
 
 from protocol.version import PROTOCOL_VERSION
 

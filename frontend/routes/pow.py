@@ -20,7 +20,12 @@ from frontend.pow_models import GenerateRequest, InitGenerateRequest
 from frontend.settings import FrontendSettings
 from protocol.common import Fingerprint
 from protocol.pow import (
-    JobView, PowJobReply, PowJobRequest, PowStatusReply, PowStatusRequest, PowStopRequest,
+    JobView,
+    PowJobReply,
+    PowJobRequest,
+    PowStatusReply,
+    PowStatusRequest,
+    PowStopRequest,
 )
 
 log = structlog.get_logger(__name__)

@@ -19,7 +19,7 @@ def test_make_run_serves_openai_chat(tmp_path):
         "POCSERVE_GPU_MEMORY_UTILIZATION": "0.1", "POCSERVE_ENFORCE_EAGER": "1",
         "POCSERVE_SERVED_MODEL_NAME": "tiny",
     }
-    log = open(tmp_path / "make-run.log", "wb")
+    log = open(tmp_path / "make-run.log", "wb")  # noqa: SIM115  (the child keeps writing to it)
     proc = subprocess.Popen(["make", "run"], cwd=REPO, env={**os.environ, **env}, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     handle = Proc(["make", "run"], tmp_path / "make-run.log")

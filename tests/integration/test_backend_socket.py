@@ -16,8 +16,8 @@ import pytest
 import zmq
 
 from backend.transport.control import ControlPlane
-from backend.transport.server import BROADCAST, SocketServer
 from backend.transport.peers import FrontendLost, PeerTable
+from backend.transport.server import BROADCAST, SocketServer
 from protocol.codec import backend_codec, frontend_codec
 from protocol.common import Fingerprint
 from protocol.control import DeadEvent, ErrorReply, HelloRequest, PingRequest, PongReply, ReadyReply
@@ -90,7 +90,10 @@ def _valid_frames() -> list[bytes]:
         HelloRequest(protocol_version=PROTOCOL_VERSION, frontend_id="fe"))]
 
 
-def _is_malformed(frame: bytes, codec=backend_codec()) -> bool:
+_CODEC = backend_codec()
+
+
+def _is_malformed(frame: bytes, codec=_CODEC) -> bool:
     try:
         codec.decode(frame)
     except msgspec.DecodeError:

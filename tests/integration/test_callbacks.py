@@ -10,9 +10,8 @@ import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import pytest
-
 import msgspec
+import pytest
 
 from backend.pow.callbacks import CallbackSender
 from backend.pow.results import GeneratedBody, MinedBody, ValidatedBody

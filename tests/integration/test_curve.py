@@ -23,15 +23,15 @@ import zmq
 import zmq.auth
 
 from backend import settings as backend_settings
+from backend.tools.curve_keys import create_key_pair
 from backend.transport.control import ControlPlane
 from backend.transport.curve import CurveGate
-from backend.tools.curve_keys import create_key_pair
 from backend.transport.server import SocketServer, is_exposed
+from common.curve import set_client_keys
 from frontend import settings as frontend_settings
 from frontend.backend_client import BackendClient
 from protocol.codec import frontend_codec
 from protocol.control import PingRequest, PongReply
-from common.curve import set_client_keys
 from tests.integration.pow_util import metric
 from tests.stack import REPO, Proc, backend_args, free_port, frontend_args, wait_healthy, wait_until
 
@@ -197,7 +197,7 @@ def _rogue_client(address: str, keys: Keys) -> BackendClient:
 async def test_curve_refused_frontend_gets_in_once_its_key_is_authorised(keys, tmp_path):
     address = f"ipc://{tmp_path}/b.ipc"
     clients = _own_clients_dir(keys, tmp_path)
-    ctx, server, gate = _server(address, keys, clients, reload_interval_s=0.1)
+    ctx, server, _gate = _server(address, keys, clients, reload_interval_s=0.1)
     client = _rogue_client(address, keys)
     await client.start()
     try:

@@ -14,7 +14,16 @@ import pytest
 from tokenizers import Tokenizer
 
 from tests.integration.replay_util import (
-    HONEST, MASKED, assert_serving, body, chat, choice, dist, positions, replay_body, tokens,
+    HONEST,
+    MASKED,
+    assert_serving,
+    body,
+    chat,
+    choice,
+    dist,
+    positions,
+    replay_body,
+    tokens,
 )
 
 

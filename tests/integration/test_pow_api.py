@@ -18,8 +18,20 @@ import numpy as np
 import pytest
 
 from tests.integration.pow_util import (
-    ENCODING, GATE_BODY, MODEL, artifacts_of, decode, generate, l2, metric, node, params, status, stop,
-    validation, wait_until,
+    ENCODING,
+    GATE_BODY,
+    MODEL,
+    artifacts_of,
+    decode,
+    generate,
+    l2,
+    metric,
+    node,
+    params,
+    status,
+    stop,
+    validation,
+    wait_until,
 )
 from tests.stack import Proc, free_port, frontend_args, wait_healthy
 

@@ -18,9 +18,28 @@ import pytest
 from scipy.stats import binomtest
 
 from tests.integration.pow_util import (
-    CALLBACK_BASE, ENCODING, GENERATED_KEYS, JOB_GENERATED_KEYS, MODEL, VALIDATED_KEYS, Server,
-    artifacts_of, decode, echoed, encode, generate, metric, negated, node, params, poll_job, shifted, status, stop,
-    validation, wait_until,
+    CALLBACK_BASE,
+    ENCODING,
+    GENERATED_KEYS,
+    JOB_GENERATED_KEYS,
+    MODEL,
+    VALIDATED_KEYS,
+    Server,
+    artifacts_of,
+    decode,
+    echoed,
+    encode,
+    generate,
+    metric,
+    negated,
+    node,
+    params,
+    poll_job,
+    shifted,
+    status,
+    stop,
+    validation,
+    wait_until,
 )
 from tests.stack import wait_healthy
 

@@ -19,7 +19,16 @@ import pytest
 
 from sampling.distance import distance2, positions_from_openai
 from tests.integration.replay_util import (
-    HONEST, assert_serving, body, chat, choice, dist, enforced, positions, replay_body, tokens,
+    HONEST,
+    assert_serving,
+    body,
+    chat,
+    choice,
+    dist,
+    enforced,
+    positions,
+    replay_body,
+    tokens,
 )
 
 GRAVITY = "Explain gravity in two sentences."
@@ -176,7 +185,7 @@ def test_enforced_list_ends_with_appended_eos(stack, short):
     stops right after the enforced list, at EOS."""
     b, inf = short
     val = chat(stack.base_url, replay_body(b, inf, max_tokens=30, ignore_eos=None))
-    assert tokens(val) == tokens(inf) + [EOS_ID]
+    assert tokens(val) == [*tokens(inf), EOS_ID]
     assert choice(val)["finish_reason"] == "stop"
     assert choice(val)["message"]["content"] == choice(inf)["message"]["content"]
 

@@ -9,8 +9,7 @@ import pytest
 
 from frontend.backend_client import BackendUnavailable
 from protocol.generate import AbortRequest
-from tests.unit.test_backend_client import WAIT_S, FakeBackend, _make_client, _start_stream, wait_until
-from tests.unit.test_backend_client import address, backend, client  # noqa: F401  (its fixtures)
+from tests.unit.fake_backend import WAIT_S, FakeBackend, make_client, start_stream, wait_until
 
 
 async def _lose_backend(client, backend, task: asyncio.Task) -> None:
@@ -22,7 +21,7 @@ async def _lose_backend(client, backend, task: asyncio.Task) -> None:
 
 
 async def test_backend_client_request_failed_while_unreachable_is_aborted_on_return(client, backend):
-    req, task = await _start_stream(client, backend)
+    req, task = await start_stream(client, backend)
     await _lose_backend(client, backend, task)
     assert backend.received.empty(), "nothing can be sent while the backend is unreachable"
     backend.is_answering = True
@@ -31,7 +30,7 @@ async def test_backend_client_request_failed_while_unreachable_is_aborted_on_ret
 
 
 async def test_backend_client_orphans_forgotten_when_backend_restarted(client, backend):
-    _, task = await _start_stream(client, backend)
+    _, task = await start_stream(client, backend)
     await _lose_backend(client, backend, task)
     backend.instance_id = "inst-2"  # what comes back is a new backend: it never had the request
     backend.is_answering = True
@@ -40,9 +39,9 @@ async def test_backend_client_orphans_forgotten_when_backend_restarted(client, b
     assert backend.received.empty()
 
 
-async def test_backend_client_keeps_its_identity_across_reconnects(address):  # noqa: F811
+async def test_backend_client_keeps_its_identity_across_reconnects(address):
     first_backend = FakeBackend(address)
-    c = _make_client(address)
+    c = make_client(address)
     await c.start()
     try:
         await wait_until(lambda: c.is_alive, what="handshake")
@@ -53,7 +52,7 @@ async def test_backend_client_keeps_its_identity_across_reconnects(address):  # 
         try:
             await wait_until(lambda: c.is_alive, what="reconnect")
             assert first is not None and again.peer == first
-            await _start_stream(c, again)
+            await start_stream(c, again)
         finally:
             await again.close()
     finally:

@@ -13,7 +13,12 @@ from backend.transport.server import LINK
 from protocol.common import ErrorInfo
 from protocol.generate import AbortRequest, ChatMessage, GenerateErrorReply, GenerateRequest, SamplingSpec
 from protocol.processor import (
-    ForgetRequest, PrepareFailed, Prepared, PrepareRequest, ProcessorReady, StopStringsHit,
+    ForgetRequest,
+    Prepared,
+    PrepareFailed,
+    PrepareRequest,
+    ProcessorReady,
+    StopStringsHit,
 )
 
 A, B = b"fe-a", b"fe-b"
@@ -107,7 +112,7 @@ def test_chat_request_goes_to_the_processor_then_into_the_engine():
 
 
 def test_chat_finished_output_leaves_the_table_and_outputs_go_to_the_processor():
-    chat, engine, sent = _chat()
+    chat, _engine, sent = _chat()
     _run(chat, A, "1")
     _run(chat, A, "2")
     outputs = FakeOutputs([FakeOutput(f"{_rid(A, '1')}-x", finish_reason=0), FakeOutput(f"{_rid(A, '2')}-x")])

@@ -22,8 +22,20 @@ from frontend.settings import load_settings
 from protocol.common import ErrorInfo, Fingerprint
 from protocol.poc import Artifact, Encoding
 from protocol.pow import (
-    JobView, NodeIdentity, PowGenerateRequest, PowInitRequest, PowJobReply, PowJobRequest, PowParams,
-    PowStatusReply, PowStatusRequest, PowStopRequest, RoundConfig, RoundStats, StatTestSpec, ValidationOutcome,
+    JobView,
+    NodeIdentity,
+    PowGenerateRequest,
+    PowInitRequest,
+    PowJobReply,
+    PowJobRequest,
+    PowParams,
+    PowStatusReply,
+    PowStatusRequest,
+    PowStopRequest,
+    RoundConfig,
+    RoundStats,
+    StatTestSpec,
+    ValidationOutcome,
 )
 
 BASE = "/api/v1/pow"
@@ -377,14 +389,14 @@ async def test_pow_token_missing_or_wrong_is_401(guarded, method, path, body, au
 
 @pytest.mark.parametrize("method,path,body", ROUTES, ids=[f"{m} {p}" for m, p, _ in ROUTES])
 async def test_pow_token_right_is_200(guarded, method, path, body):
-    http, fake = guarded
+    http, _fake = guarded
     r = await http.request(method, f"{BASE}/{path}", json=body,
                            headers={"Authorization": "Bearer s3cret-token"})
     assert r.status_code == 200, r.text
 
 
 async def test_pow_token_checked_before_the_body(guarded):
-    http, fake = guarded
+    http, _fake = guarded
     r = await http.post(f"{BASE}/init/generate", json={"params": {"bogus": 1}})
     _assert_error(r, 401)
 

@@ -37,7 +37,7 @@ def _golden_hidden(hidden_size, nonces):
 
 def test_compute_artifacts_golden_h1024():
     out = compute_artifacts(_golden_hidden(1024, range(4)), BH, PK, [0, 1, 2, 3], k_dim=12)
-    assert out == list(zip([0, 1, 2, 3], GOLDEN_B64_H1024))
+    assert out == list(zip([0, 1, 2, 3], GOLDEN_B64_H1024, strict=False))
 
 
 def test_compute_artifacts_single_nonce_equals_batched():

@@ -71,7 +71,7 @@ def test_uniform_is_hash_over_2_pow_32_in_float32():
 
 
 def test_two_pi_is_float32_rounded():
-    assert TWO_PI_F32 == float(np.float32(2 * np.pi))
+    assert float(np.float32(2 * np.pi)) == TWO_PI_F32
 
 
 def test_normal_golden_seed_1589641989():

@@ -14,7 +14,6 @@ import inspect
 import json
 import os
 import pkgutil
-import queue
 from pathlib import Path
 
 import msgspec
@@ -23,26 +22,52 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import protocol
-from backend.transport.server import SocketServer
 from backend.chat import ChatRequests
 from backend.pow.service import PowService
 from backend.processor import PreparedRequests
-from protocol.processor import (
-    FromProcessor, PrepareFailed, Prepared, ProcessorReady, ProcessorStats, StopStringsHit,
-)
 from backend.transport.peers import FrontendLost
+from backend.transport.server import SocketServer
 from frontend.backend_client import BackendClient
 from protocol.codec import TO_BACKEND_TYPES, TO_FRONTEND_TYPES, backend_codec, frontend_codec
 from protocol.common import BackendStats, ErrorInfo, Fingerprint
 from protocol.control import DeadEvent, ErrorReply, HelloRequest, PingRequest, PongReply, ReadyReply
 from protocol.generate import (
-    AbortRequest, ChatMessage, Delta, DeltasEvent, EnforcedToken, GenerateErrorReply, GenerateRequest,
-    ResponseFormat, SamplingSpec, TokenLogprob, TopLogprob,
+    AbortRequest,
+    ChatMessage,
+    Delta,
+    DeltasEvent,
+    EnforcedToken,
+    GenerateErrorReply,
+    GenerateRequest,
+    ResponseFormat,
+    SamplingSpec,
+    TokenLogprob,
+    TopLogprob,
 )
 from protocol.poc import Artifact, Encoding, PocArtifactsReply, PocArtifactsRequest
 from protocol.pow import (
-    JobView, NodeIdentity, PowGenerateRequest, PowInitRequest, PowJobReply, PowJobRequest, PowParams,
-    PowStatusReply, PowStatusRequest, PowStopRequest, RoundConfig, RoundStats, StatTestSpec, ValidationOutcome,
+    JobView,
+    NodeIdentity,
+    PowGenerateRequest,
+    PowInitRequest,
+    PowJobReply,
+    PowJobRequest,
+    PowParams,
+    PowStatusReply,
+    PowStatusRequest,
+    PowStopRequest,
+    RoundConfig,
+    RoundStats,
+    StatTestSpec,
+    ValidationOutcome,
+)
+from protocol.processor import (
+    FromProcessor,
+    Prepared,
+    PrepareFailed,
+    ProcessorReady,
+    ProcessorStats,
+    StopStringsHit,
 )
 from protocol.version import PROTOCOL_VERSION
 
@@ -85,14 +110,16 @@ def _sampling() -> SamplingSpec:
         max_tokens=64, min_tokens=1, temperature=0.5, top_p=0.75, top_k=40, min_p=0.125, presence_penalty=0.25,
         frequency_penalty=0.5, repetition_penalty=1.5, seed=42, stop=["\n\n"], stop_token_ids=[151645],
         ignore_eos=True, include_stop_str_in_output=True, skip_special_tokens=False, logprobs=5,
-        logprobs_mode="raw_logprobs", response_format=ResponseFormat(type="json_schema", json_schema='{"type":"object"}'),
+        logprobs_mode="raw_logprobs",
+        response_format=ResponseFormat(type="json_schema", json_schema='{"type":"object"}'),
         enforced_tokens=[EnforcedToken(token="Hi", top_tokens=["Hi", "Hello"])], enforced_str="Hi there")
 
 
 def _delta() -> Delta:
     top = [TopLogprob(token_id=9, token="Hi", logprob=-0.5)]
     return Delta(
-        rid="r-1", text="Hi", token_ids=[9], logprobs=[TokenLogprob(token_id=9, token="Hi", logprob=-0.5, rank=1, top=top)],
+        rid="r-1", text="Hi", token_ids=[9],
+        logprobs=[TokenLogprob(token_id=9, token="Hi", logprob=-0.5, rank=1, top=top)],
         finish_reason="stop", stop_reason="</s>", num_prompt_tokens=12, num_generated_tokens=1)
 
 

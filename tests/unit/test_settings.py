@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from backend import settings as backend_settings
-from frontend import settings as frontend_settings
 from common.config import SettingsError
+from frontend import settings as frontend_settings
 
 REPO = Path(__file__).resolve().parents[2]
 MODULES = [backend_settings, frontend_settings]
