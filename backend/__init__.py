@@ -1,1 +1,26 @@
-"""Backend process: the engine loop and everything that decides what the accelerator does."""
+"""The backend: the engine process and its processor process. Every thread, who runs it, what it may touch.
+
+Engine process (`python -m backend`, backend/__main__.py):
+- engine thread (the main thread): runs the loop (loop.py): ingest → policy.choose → execute → route. The only
+  thread that calls vLLM's EngineCore (engine/) and the workers' RPCs, and the only one that reads or changes the
+  chat table (chat.py), the PoC service and its artifact queue, or the in-memory job queue (pow/). It never
+  touches a socket, never encodes, never blocks on I/O: it hands messages to the outbox and work to the others.
+- zmq-io thread (transport/server.py): owns the ROUTER to the frontends, the PAIR to the processor and an inproc
+  PULL. Decodes frames into the inbox, answers Hello and Ping itself (transport/control.py, from the snapshot the
+  engine thread publishes), keeps peers' last-seen times (transport/peers.py), runs CURVE admission
+  (transport/curve.py), and passes the processor's encoded deltas to frontends unread.
+- zmq-encode thread (transport/server.py): encodes outbox items (for frontends, or for the processor with the
+  link codec) and pushes them to the io thread.
+- store writer thread (pow/store.py): the only SQLite connection; runs submitted writes in order and their
+  completion callbacks (a persisted job's reply goes to the outbox from here).
+- callback dispatcher thread and its POST pool (pow/callbacks.py): the in-memory view of the outbox, HTTP out.
+- pow-stop-flush thread (pow/service.py): one per /stop, waits for the bounded callback flush, then replies.
+
+Processor process (processor/, spawned by the engine process, gone with it):
+- its main thread: the link to the engine process; vLLM's InputProcessor (checks, engine requests) and
+  OutputProcessor (detokenizer, stop strings, logprobs), and our delta shape (processor/main.py).
+- tokenize thread: tokenizes prompts of over 64k characters so the deltas of others never wait for them.
+
+Subpackages follow that ownership: transport/ (io thread), engine/ (vLLM, engine thread), pow/ (the PoC API),
+processor/ (the other process), tools/ (operator commands, separate processes).
+"""

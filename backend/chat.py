@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from backend.engine import EngineApi
 from backend.errors import BackendError, RequestError, RequestFailed, gate_error
 from backend.processor import PreparedRequests
 from backend.transport.peers import FrontendLost
@@ -40,7 +41,7 @@ class ChatRequests:
     """The chat request table; engine thread only. `send(identity, msg)` queues a message for a frontend or,
     with identity LINK, for the processor."""
 
-    def __init__(self, engine, send: Callable[[bytes, object], None], *,
+    def __init__(self, engine: EngineApi, send: Callable[[bytes, object], None], *,
                  on_ready: Callable[[], None] = lambda: None) -> None:
         self._engine = engine
         self._send = send

@@ -9,8 +9,11 @@ from collections.abc import Callable
 import structlog
 
 from backend import policy
+from backend.chat import ChatRequests
+from backend.engine import EngineApi
 from backend.errors import RequestFailed
 from backend.iterations import ITERATION_TOKEN_BOUNDS
+from backend.pow.service import PowService
 from backend.transport.control import ControlPlane
 from protocol.common import BackendStats
 from protocol.control import ErrorReply
@@ -27,7 +30,8 @@ _TIMER_INTERVAL_S = 0.5
 class BackendLoop:
     """Every collaborator comes in the constructor; each says whether it has work, and owns its messages."""
 
-    def __init__(self, engine, inbox: queue.Queue, control: ControlPlane, *, chat, pow, send: Callable,
+    def __init__(self, engine: EngineApi, inbox: queue.Queue, control: ControlPlane, *, chat: ChatRequests,
+                 pow: PowService, send: Callable,
                  poc_batches_per_step: int = 1, timers: tuple[Callable[[], None], ...] = ()) -> None:
         self.engine = engine
         self.inbox = inbox

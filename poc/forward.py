@@ -13,6 +13,7 @@ from vllm import ir
 from vllm.forward_context import set_forward_context
 from vllm.v1.attention.backend import CommonAttentionMetadata
 
+from backend.engine import compat
 from poc.rng import host_to_device
 
 # vLLM dispatches RMSNorm through IR ops whose default priority is "native" when the engine compiles with
@@ -28,13 +29,6 @@ def eager_norm_kernels():
         for op in (ir.ops.rms_norm, ir.ops.fused_add_rms_norm):
             stack.enter_context(op.set_priority(EAGER_NORM_PRIORITY))
         yield
-
-
-def _kernel_block_size(mr, group_id: int) -> int:
-    sizes = getattr(mr, "_kernel_block_sizes", None) or getattr(mr, "kernel_block_sizes", None)
-    if sizes is None:
-        raise RuntimeError(f"{type(mr).__name__} exposes no kernel block sizes (an unsupported vLLM version)")
-    return int(sizes[group_id])
 
 
 def prefill_last_hidden(mr, cfg, model, block_ids: list[int], x: torch.Tensor) -> torch.Tensor:
@@ -53,7 +47,7 @@ def prefill_last_hidden(mr, cfg, model, block_ids: list[int], x: torch.Tensor) -
     positions = host_to_device(pos.repeat(num_seqs), device)
     attn_metadata, slot_mappings = {}, {}
     for gid, group in enumerate(kv.kv_cache_groups):
-        kbs = _kernel_block_size(mr, gid)
+        kbs = compat.kernel_block_size(mr, gid)
         per = block_size // kbs
         kernel_blocks = (ids[:, :, None] * per + torch.arange(per)).view(num_seqs, blocks_per_seq * per)
         slots = (kernel_blocks.gather(1, (pos // kbs).expand(num_seqs, seq_len)) * kbs + pos % kbs).reshape(-1)

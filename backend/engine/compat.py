@@ -131,3 +131,11 @@ def block_pool(core):
 
 def block_size(core) -> int:
     return int(core.vllm_config.cache_config.block_size)
+
+
+def kernel_block_size(model_runner, group_id: int) -> int:
+    """The attention kernel's block size of one KV cache group (worker side; the name differs by version)."""
+    sizes = getattr(model_runner, "_kernel_block_sizes", None) or getattr(model_runner, "kernel_block_sizes", None)
+    if sizes is None:
+        raise RuntimeError(f"{type(model_runner).__name__} exposes no kernel block sizes (unsupported vLLM version)")
+    return int(sizes[group_id])
