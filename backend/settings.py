@@ -8,6 +8,7 @@ from pathlib import Path
 
 from common.config import SettingsError, load, option, options, path, setting
 from common.curve import KeyFile, PublicKeys, load_public_keys, load_secret_key_file
+from common.logs import log_format_setting, log_level_setting
 
 DEFAULT_ADDRESS = "ipc:///tmp/pocserve/backend.ipc"
 # Frontends ping every 0.5 s by default: a timeout of two such periods is the least that is not a hair trigger.
@@ -77,8 +78,8 @@ class BackendSettings:
                                         "share)")
     fault_fail_on_step: int = setting("POCSERVE_FAULT_FAIL_ON_STEP", 0,
                                       "fault injection for tests: the engine raises on this step (0 = never)")
-    log_format: str = setting("POCSERVE_LOG_FORMAT", "console", "log output", choices=("console", "json"))
-    log_level: str = setting("POCSERVE_LOG_LEVEL", "info", "log level", choices=("debug", "info", "warning", "error"))
+    log_format: str = log_format_setting()
+    log_level: str = log_level_setting()
 
     @property
     def model_name(self) -> str:

@@ -1,6 +1,6 @@
 """structlog set-up shared by every process: JSON in containers, console locally, stdlib logs routed through it.
 
-Process plumbing, not wire structs (see docs/decisions.md: protocol/ is the one package every process imports).
+Process plumbing shared by every process (common/).
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import sys
 from typing import Any
 
 import structlog
+
+from common.config import setting
 
 
 def configure_logging(fmt: str = "console", level: str = "info") -> None:
@@ -41,3 +43,13 @@ def configure_logging(fmt: str = "console", level: str = "info") -> None:
         lg.handlers[:] = []
         lg.propagate = True
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
+
+
+def log_format_setting() -> Any:
+    """The --log-format setting every process declares."""
+    return setting("POCSERVE_LOG_FORMAT", "console", "log output", choices=("console", "json"))
+
+
+def log_level_setting() -> Any:
+    """The --log-level setting every process declares."""
+    return setting("POCSERVE_LOG_LEVEL", "info", "log level", choices=("debug", "info", "warning", "error"))

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 
 from common.config import SettingsError, load, option, options, setting
 from common.curve import KeyFile, check_client_keys, client_key_setting, server_key_setting
+from common.logs import log_format_setting, log_level_setting
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,8 @@ class FrontendSettings:
                                         "how long a /api/v1/pow/generate wait=true request may take before 503")
     max_body_bytes: int = setting("POCSERVE_MAX_BODY_BYTES", 32 * 1024 * 1024,
                                   "largest HTTP request body accepted (larger: 413)")
-    log_format: str = setting("POCSERVE_LOG_FORMAT", "console", "log output", choices=("console", "json"))
-    log_level: str = setting("POCSERVE_LOG_LEVEL", "info", "log level", choices=("debug", "info", "warning", "error"))
+    log_format: str = log_format_setting()
+    log_level: str = log_level_setting()
 
 
 OPTIONS = options(FrontendSettings)

@@ -155,9 +155,15 @@ class CompletionShape(Shape):
                 "stop_reason": d.stop_reason}
 
 
-async def _generate(request: Request, gen: GenerateRequest, shape: ChatShape | CompletionShape,
-                    include_usage: bool):
+async def _generate(request: Request, body: ChatCompletionRequest | CompletionRequest,
+                    shape: ChatShape | CompletionShape):
+    _check_model(request, body.model)
     client = request.app.state.client
+    if isinstance(body, ChatCompletionRequest):
+        gen = convert.chat_request(client.new_rid(), body)
+    else:
+        gen = convert.completion_request(client.new_rid(), body)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
     if not gen.stream:
         # A ready JSONResponse: the body is plain data, FastAPI's encoder pass would only cost time.
         return JSONResponse(shape.response(await _collect(request, gen)))
@@ -197,15 +203,9 @@ async def list_models(request: Request) -> dict:
 
 @router.post("/v1/chat/completions", responses={**SSE, **errors(400, 404, 413, 503)})
 async def chat_completions(body: ChatCompletionRequest, request: Request):
-    _check_model(request, body.model)
-    gen = convert.chat_request(request.app.state.client.new_rid(), body)
-    shape = ChatShape("chat", body.model, request.app.state.token_format)
-    return await _generate(request, gen, shape, bool(body.stream_options and body.stream_options.include_usage))
+    return await _generate(request, body, ChatShape("chat", body.model, request.app.state.token_format))
 
 
 @router.post("/v1/completions", responses={**SSE, **errors(400, 404, 413, 503)})
 async def completions(body: CompletionRequest, request: Request):
-    _check_model(request, body.model)
-    gen = convert.completion_request(request.app.state.client.new_rid(), body)
-    shape = CompletionShape("completions", body.model, request.app.state.token_format)
-    return await _generate(request, gen, shape, bool(body.stream_options and body.stream_options.include_usage))
+    return await _generate(request, body, CompletionShape("completions", body.model, request.app.state.token_format))
