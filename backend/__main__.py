@@ -74,6 +74,7 @@ def build_loop(settings: BackendSettings, engine, server: SocketServer, inbox: q
     from backend.loop import BackendLoop
     from backend.pow.artifact_queue import ArtifactQueue
     from backend.pow.service import build_pow_service
+    from backend.share import ChatShare
 
     if settings.fault_fail_on_step:
         engine = FaultyEngine(engine, settings.fault_fail_on_step)
@@ -90,14 +91,26 @@ def build_loop(settings: BackendSettings, engine, server: SocketServer, inbox: q
     pow_service = build_pow_service(settings, ArtifactQueue(engine.poc), chat, server.send, store,
                                     [fingerprint.served_model_name, fingerprint.model_path])
     return BackendLoop(engine, inbox, control, chat=chat, pow=pow_service, send=server.send,
-                       poc_batches_per_step=settings.poc_batches_per_step,
+                       share=ChatShare(settings.chat_share),
                        timers=(pow_service.on_timer, check_processor))
 
 
+def _refuse(error: SettingsError) -> int:
+    """A bad setting found at start: one line naming it, exit code 2 (the supervisor must not restart us)."""
+    print(f"pocserve-backend: {error}", file=sys.stderr)
+    return 2
+
+
 def serve(settings: BackendSettings) -> int:
+    from backend.engine.parallel import check_topology
+
     if settings.generate_model != "none":
         from backend.tools.modelgen import ensure_model
         ensure_model(settings.model, settings.generate_model)
+    try:
+        check_topology(settings)  # the parallel sizes against the model and the machine, before any worker
+    except SettingsError as e:
+        return _refuse(e)
     try:
         store = open_store(settings.state_dir)  # a locked or corrupt file fails here, before the engine loads
     except StoreError as e:
@@ -134,6 +147,8 @@ def serve(settings: BackendSettings) -> int:
         log.info("backend_serving", address=settings.address, model=settings.model_name)
         loop.run()
         return 0
+    except SettingsError as e:  # found once the engine was built (a model without a decoder layer list)
+        return _refuse(e)
     except Exception as e:
         log.exception("engine_dead", error=str(e))
         server.send_dead(DeadEvent(reason=f"engine failed: {e}"[:500]))
@@ -158,8 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         settings = load_settings(argv)
     except SettingsError as e:
-        print(f"pocserve-backend: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(_refuse(e))
     configure_logging(settings.log_format, settings.log_level)
     try:
         import setproctitle

@@ -14,6 +14,7 @@ from backend.engine import EngineApi
 from backend.errors import RequestFailed
 from backend.iterations import ITERATION_TOKEN_BOUNDS
 from backend.pow.service import PowService
+from backend.share import ChatShare
 from backend.transport.control import ControlPlane
 from protocol.common import BackendStats
 from protocol.control import ErrorReply
@@ -31,8 +32,8 @@ class BackendLoop:
     """Every collaborator comes in the constructor; each says whether it has work, and owns its messages."""
 
     def __init__(self, engine: EngineApi, inbox: queue.Queue, control: ControlPlane, *, chat: ChatRequests,
-                 pow: PowService, send: Callable,
-                 poc_batches_per_step: int = 1, timers: tuple[Callable[[], None], ...] = ()) -> None:
+                 pow: PowService, send: Callable, share: ChatShare,
+                 timers: tuple[Callable[[], None], ...] = ()) -> None:
         self.engine = engine
         self.inbox = inbox
         self.control = control
@@ -43,8 +44,7 @@ class BackendLoop:
         self.is_running = True
         self.num_steps = 0
         self.num_handler_errors = 0
-        self.poc_batches_per_step = poc_batches_per_step
-        self.num_poc_since_step = 0
+        self.share = share
         self._published_at = 0.0
         self._timers_at = time.monotonic()
         self.handlers: dict[type, Callable] = {**chat.handlers(), **pow.handlers()}
@@ -61,10 +61,11 @@ class BackendLoop:
         self.on_timer()
 
     def snapshot(self) -> policy.Snapshot:
+        cost, max_batch = self.pow.next_forward()
         return policy.Snapshot(
             has_engine_work=self.chat.has_work(), has_poc_work=self.pow.has_batch(),
-            num_poc_since_step=self.num_poc_since_step, poc_batches_per_step=self.poc_batches_per_step,
-            is_poc_blocked=self.pow.is_blocked)
+            is_poc_blocked=self.pow.is_blocked, poc_credit_s=self.share.credit_s, poc_cost=cost,
+            poc_max_batch=max_batch)
 
     def ingest(self, block: bool) -> None:
         try:
@@ -94,13 +95,21 @@ class BackendLoop:
     def execute(self, work: policy.Work) -> None:
         match work:
             case policy.EngineStep():
+                started = time.perf_counter()
                 self.chat.route(self.engine.step())
+                cost, max_batch = self.pow.next_forward()
+                min_forward_s = cost.seconds(min(cost.efficient_size(), max_batch)) if cost is not None else 0.0
+                self.share.after_step(time.perf_counter() - started, is_poc_waiting=self.pow.has_batch(),
+                                      min_forward_s=min_forward_s)
                 self.num_steps += 1
-                self.num_poc_since_step = 0
                 self.pow.unblock()
-            case policy.PocBatch():
-                self.pow.run_batch()
-                self.num_poc_since_step += 1
+            case policy.PocBatch(limit=limit):
+                started = time.perf_counter()
+                self.pow.run_batch(limit)
+                elapsed_s = time.perf_counter() - started
+                self.share.after_poc(elapsed_s, is_chat_waiting=self.chat.has_work())
+                log.debug("poc_forward", limit=limit, elapsed_ms=round(elapsed_s * 1000, 2),
+                          credit_ms=round(self.share.credit_s * 1000, 2))
             case policy.Idle():
                 pass
 

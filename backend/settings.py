@@ -47,6 +47,9 @@ class BackendSettings:
     dtype: str = setting("POCSERVE_DTYPE", "auto", "model dtype (auto = the checkpoint's)")
     block_size: int = setting("POCSERVE_BLOCK_SIZE", 0, "KV block size (0 = the backend's default)")
     tensor_parallel_size: int = setting("POCSERVE_TENSOR_PARALLEL_SIZE", 1, "tensor-parallel ranks")
+    pipeline_parallel_size: int = setting("POCSERVE_PIPELINE_PARALLEL_SIZE", 1,
+                                          "pipeline-parallel stages (each holds a contiguous share of the decoder "
+                                          "layers; the engine runs tensor x pipeline ranks)")
     enforce_eager: bool = setting("POCSERVE_ENFORCE_EAGER", False, "disable CUDA graphs / compilation")
     logprobs_mode: str = setting("POCSERVE_LOGPROBS_MODE", "processed_logprobs",
                                  "default logprobs mode (the network validates with processed)",
@@ -73,9 +76,10 @@ class BackendSettings:
                                        "undelivered callbacks kept (oldest dropped and counted beyond)")
     stop_flush_timeout_s: float = setting("POCSERVE_STOP_FLUSH_TIMEOUT_S", 5.0,
                                           "how long /stop waits to deliver computed artifacts before answering")
-    poc_batches_per_step: int = setting("POCSERVE_POC_BATCHES_PER_STEP", 1,
-                                        "PoC forwards run per engine step while chat and PoC compete (the PoC "
-                                        "share)")
+    chat_share: float = setting("POCSERVE_CHAT_SHARE", 0.5,
+                                "fraction of the device chat keeps while chat and PoC work (mining in shared mode, "
+                                "validation jobs always) compete, in [0, 1]: 1 = PoC only when chat is idle, 0 = "
+                                "chat only when PoC is idle; PoC forwards are sized to it from measured times")
     fault_fail_on_step: int = setting("POCSERVE_FAULT_FAIL_ON_STEP", 0,
                                       "fault injection for tests: the engine raises on this step (0 = never)")
     log_format: str = log_format_setting()
@@ -103,10 +107,12 @@ def _check(s: BackendSettings) -> None:
         # inproc has no ZMTP handshake, so CURVE would silently do nothing there.
         raise SettingsError("--address / POCSERVE_BACKEND_ADDRESS: CURVE needs an ipc:// or tcp:// address")
     for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
-                 "poc_batches_per_step", "batch_size_default", "max_queued_nonces", "callback_max_retries",
+                 "pipeline_parallel_size", "batch_size_default", "max_queued_nonces", "callback_max_retries",
                  "callback_max_concurrent", "callback_queue_size"):
         if getattr(s, name) <= 0:
             raise SettingsError(f"--{name.replace('_', '-')} must be positive")
+    if not 0.0 <= s.chat_share <= 1.0:
+        raise SettingsError(f"--chat-share / POCSERVE_CHAT_SHARE must be in [0, 1], got {s.chat_share}")
     if not 0.0 < s.gpu_memory_utilization <= 1.0:
         raise SettingsError("--gpu-memory-utilization must be in (0, 1]")
     if s.block_size < 0:

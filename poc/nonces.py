@@ -1,10 +1,11 @@
 """The nonce range of one node in a PoC round (spec §2.4): the x-th nonce is node_id + g·N + x·(G·N).
 
-Nodes (node_id < N) within groups (g < G) interleave with stride G·N, so their ranges are disjoint. Larger
-node_id / group_id values are accepted, as in the fork: the network client sends node_id = its NodeNum, a
-1-based counter that only grows as nodes are registered, and node_count = the number of nodes it has now, so a
-host with one node sends node_id 1, node_count 1 (nonces 1, 2, 3, …). Refusing that would stop the host mining.
-Only values that make no sense at all (counts < 1, negative ids) are refused.
+Nodes within groups (g < G) interleave with stride G·N, so their ranges are disjoint when their node_id values
+differ modulo N. Both numberings in use are accepted: 0-based (0..N-1, the fork's tests and the spec's examples)
+and 1-based (1..N: the network's dapi sends node_id = its NodeNum, a counter that starts at 1, and node_count =
+its number of nodes, so a host with one node sends (1, 1)). Within either numbering the ranges are disjoint. A
+node_id above N cannot be either, and would mine the nonces of another node (3 with N = 2 is node 1's range): it is
+refused, as are group_id ≥ G, negative ids and counts below 1 (see docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -14,20 +15,26 @@ import operator
 from poc.errors import PocInputError
 
 
+def check_node(node_id: int, node_count: int, group_id: int = 0, n_groups: int = 1) -> None:
+    """Raises PocInputError naming the field when these numbers cannot describe one node of one group."""
+    if node_count < 1:
+        raise PocInputError("node_count", f"must be >= 1, got {node_count}")
+    if n_groups < 1:
+        raise PocInputError("n_groups", f"must be >= 1, got {n_groups}")
+    if not 0 <= node_id <= node_count:
+        raise PocInputError("node_id", f"must be in [0, node_count={node_count}] (0- or 1-based numbering), "
+                                       f"got {node_id}")
+    if not 0 <= group_id < n_groups:
+        raise PocInputError("group_id", f"must be in [0, n_groups={n_groups}), got {group_id}")
+
+
 class NonceIterator:
     """Infinite iterator over one node's nonces; `take(n)` hands out the next n and advances."""
 
     def __init__(self, node_id: int, node_count: int, group_id: int = 0, n_groups: int = 1) -> None:
         node_id, node_count = operator.index(node_id), operator.index(node_count)
         group_id, n_groups = operator.index(group_id), operator.index(n_groups)
-        if node_count < 1:
-            raise PocInputError("node_count", f"must be >= 1, got {node_count}")
-        if n_groups < 1:
-            raise PocInputError("n_groups", f"must be >= 1, got {n_groups}")
-        if node_id < 0:
-            raise PocInputError("node_id", f"must be >= 0, got {node_id}")
-        if group_id < 0:
-            raise PocInputError("group_id", f"must be >= 0, got {group_id}")
+        check_node(node_id, node_count, group_id, n_groups)
         self.node_id = node_id
         self.node_count = node_count
         self.group_id = group_id

@@ -13,6 +13,12 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parent.parent
+# The test backends' context. Long enough that a chat meant to outlive something (an init, a kill, a client
+# leaving) cannot finish first, even on a loaded machine: see LONG_MAX_TOKENS.
+MAX_MODEL_LEN = 4096
+# max_tokens of such chats (with ignore_eos): the context less room for their short prompts. The tiny model
+# decodes a few hundred tokens/s here, so each lasts seconds, far longer than the races it is held against.
+LONG_MAX_TOKENS = MAX_MODEL_LEN - 128
 
 
 def free_port() -> int:
@@ -60,7 +66,7 @@ class Proc:
 
 def backend_args(model_dir: Path, address: str, *extra: str) -> list[str]:
     return ["-m", "backend", "--model", str(model_dir), "--address", address, "--generate-model", "none",
-            "--enforce-eager", "--gpu-memory-utilization", "0.1", "--max-model-len", "1024",
+            "--enforce-eager", "--gpu-memory-utilization", "0.1", "--max-model-len", str(MAX_MODEL_LEN),
             "--no-json-whitespace", "--served-model-name", "tiny", *extra]
 
 

@@ -1,7 +1,18 @@
-"""Queued PoC artifact jobs, run one forward at a time by the engine thread between engine steps."""
+"""PoC artifact work between engine steps: jobs first, a mining round's batches after, one forward at a time.
+
+Two lanes. The job lane holds /generate jobs (with or without wait) and direct artifact requests; the mining lane
+holds the round's batches. A validation decides another node's vote and has a deadline, so jobs go before the
+round: a job that arrives during mining waits for the forward in flight only. Jobs share the job lane round-robin,
+one forward each, so a small job never waits for a large one. While jobs wait, the round still gets one forward in
+every MINING_EVERY, so a stream of jobs slows mining but never stops it (jobs keep 7/8 of the device, mining 1/8).
+
+`run_batch(limit)` runs one forward of at most `limit` nonces (the policy's size for it when chat shares the device)
+and records its duration, so the policy can size the next one.
+"""
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -11,11 +22,16 @@ import structlog
 from backend.engine.poc import NoFreeBlocks
 from backend.errors import RequestFailed
 from backend.iterations import IterationHistogram
+from backend.pow.cost import Cost, CostModel
 from poc.spec import ArtifactJob
 from protocol.common import ErrorInfo
 from protocol.poc import Artifact
 
 log = structlog.get_logger(__name__)
+
+MINING = "mining"
+# While jobs wait, every MINING_EVERY-th forward is the round's.
+MINING_EVERY = 8
 
 
 @dataclass
@@ -23,7 +39,7 @@ class ArtifactTask:
     job: ArtifactJob
     # Called once with (artifacts, None) or ([], error).
     done: Callable[[list[Artifact], ErrorInfo | None], None]
-    # What submitted it ("mining", "job", "direct"): lets /stop discard a round's batches.
+    # What submitted it ("mining", "job", "direct"): mining tasks go to their own lane, and /stop drops them.
     tag: str = "direct"
     remaining: list[int] = field(default_factory=list)
     artifacts: list[Artifact] = field(default_factory=list)
@@ -33,17 +49,25 @@ class ArtifactTask:
 
 
 class ArtifactQueue:
-    """FIFO of artifact jobs; `run_batch` runs one forward of the oldest and finishes it when done."""
-
-    def __init__(self, runner) -> None:
+    def __init__(self, runner, clock: Callable[[], float] = time.perf_counter) -> None:
         self._runner = runner
-        self._tasks: deque[ArtifactTask] = deque()
+        self._clock = clock
+        self._jobs: deque[ArtifactTask] = deque()
+        self._mining: deque[ArtifactTask] = deque()
+        # Job forwards since the round's last one.
+        self._num_job_forwards = 0
         self.is_blocked = False
         # One observation (tokens = nonces × seq_len) per forward: PoC work moves vllm:iteration_tokens_total too.
         self.iterations = IterationHistogram()
+        # What forwards cost, learned from the ones that ran.
+        self.costs = CostModel()
 
     def __len__(self) -> int:
-        return len(self._tasks)
+        return len(self._jobs) + len(self._mining)
+
+    @property
+    def num_jobs(self) -> int:
+        return len(self._jobs)
 
     def check(self, job: ArtifactJob) -> None:
         """Raises PocInputError (naming the field) for a job this engine cannot run."""
@@ -55,18 +79,38 @@ class ArtifactQueue:
 
     def submit(self, task: ArtifactTask) -> None:
         self._runner.check(task.job)
-        self._tasks.append(task)
+        (self._mining if task.tag == MINING else self._jobs).append(task)
 
     def discard(self, predicate) -> int:
         """Drops queued tasks matching `predicate` without calling them back; returns how many."""
-        kept = deque(t for t in self._tasks if not predicate(t))
-        num = len(self._tasks) - len(kept)
-        self._tasks = kept
-        return num
+        num = len(self)
+        self._jobs = deque(t for t in self._jobs if not predicate(t))
+        self._mining = deque(t for t in self._mining if not predicate(t))
+        return num - len(self)
 
-    def run_batch(self) -> None:
-        task = self._tasks[0]
-        batch = task.remaining[: self._runner.max_batch(task.job.spec.seq_len)]
+    def next_forward(self) -> tuple[Cost | None, int]:
+        """The forward run_batch would run next: its learned cost (None: none of its seq_len ran yet) and the most
+        sequences it can take (0: nothing queued)."""
+        lane = self._next_lane()
+        if not lane:
+            return None, 0
+        task = lane[0]
+        seq_len = task.job.spec.seq_len
+        return self.costs.cost(seq_len), min(len(task.remaining), self._runner.max_batch(seq_len))
+
+    def _next_lane(self) -> deque[ArtifactTask]:
+        if self._jobs and (not self._mining or self._num_job_forwards < MINING_EVERY - 1):
+            return self._jobs
+        return self._mining
+
+    def run_batch(self, limit: int | None = None) -> None:
+        """One forward of the next task: at most `limit` nonces (None: as many as a forward takes)."""
+        lane = self._next_lane()
+        task = lane[0]
+        seq_len = task.job.spec.seq_len
+        size = self._runner.max_batch(seq_len) if limit is None else max(1, min(limit, self._runner.max_batch(seq_len)))
+        batch = task.remaining[:size]
+        started = self._clock()
         try:
             artifacts, num_run = self._runner.run(task.job, batch)
         except NoFreeBlocks as e:
@@ -76,16 +120,23 @@ class ArtifactQueue:
             return
         except Exception as e:  # one job failed in the worker; the engine may still be fine
             log.exception("poc_batch_failed", num_nonces=len(batch))
-            self._tasks.popleft()
+            lane.popleft()
             task.done([], RequestFailed(f"PoC forward failed: {e}").info())
             return
+        self._measured(seq_len, num_run, self._clock() - started)
         self.is_blocked = False
-        self.iterations.observe(num_run * task.job.spec.seq_len)
+        self._num_job_forwards = self._num_job_forwards + 1 if lane is self._jobs else 0
         task.artifacts.extend(Artifact(nonce=n, vector_b64=v) for n, v in artifacts)
         del task.remaining[:num_run]
         if not task.remaining:
-            self._tasks.popleft()
+            lane.popleft()
             task.done(task.artifacts, None)
+        elif lane is self._jobs:
+            lane.rotate(-1)  # round-robin: the next job's turn
+
+    def _measured(self, seq_len: int, num_run: int, elapsed_s: float) -> None:
+        self.iterations.observe(num_run * seq_len)
+        self.costs.observe(seq_len, num_run, elapsed_s)
 
     def unblock(self) -> None:
         """An engine step ran: blocks may have been freed."""

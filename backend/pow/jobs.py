@@ -6,8 +6,9 @@ history. On restart, `load()` brings back queued jobs in FIFO order, jobs that w
 with the process) as queued again, and finished results until their TTL.
 
 Differences from the fork, on purpose: results expire by a timer (`prune_expired`, called from the loop), not only
-when another job finishes; /stop (`cancel_all`) cancels jobs but keeps finished results until their TTL; a
-result computed for a job cancelled meanwhile is kept, not thrown away.
+when another job finishes; /stop (`cancel_queued`) cancels the jobs that have not started but lets running ones
+finish (a validation in progress decides a vote; a late /stop must not throw it away), and keeps finished results
+until their TTL.
 
 The queue takes ownership of the request and result structs it is given: they are serialised later (msgspec JSON),
 on the store's thread, so callers must not mutate them afterwards.
@@ -191,17 +192,17 @@ class GenerateQueue:
             log.info("job_results_expired", num_expired=len(expired), num_results=len(self._finished))
         return len(expired)
 
-    def cancel_all(self) -> int:
-        """/stop: queued and running jobs become cancelled (kept until the TTL like any result); returns how many."""
+    def cancel_queued(self) -> int:
+        """/stop: jobs that have not started become cancelled (kept until the TTL like any result); running ones
+        go on. Returns how many were cancelled."""
         now = self._clock()
-        cancelled = [*self._queued.values(), *self._running.values()]
+        cancelled = list(self._queued.values())
         for job in cancelled:
             job.status = CANCELLED
             job.finished_at = now
             self._finished[job.id] = job
+            self._active_nonces -= job.num_nonces
         self._queued.clear()
-        self._running.clear()
-        self._active_nonces = 0
         if cancelled:
             self._store.submit(_finish_rows([(CANCELLED, None, None, now, j.id) for j in cancelled]))
             log.info("jobs_cancelled", num_cancelled=len(cancelled))
@@ -213,14 +214,10 @@ class GenerateQueue:
         if self._jobs.get(job.id) is not job:
             log.warning("job_result_for_unknown_job", job_id=job.id, status=status)
             return
-        if job.status in (QUEUED, RUNNING):
-            (self._queued if job.status == QUEUED else self._running).pop(job.id)
-            self._active_nonces -= job.num_nonces
-        elif job.status == CANCELLED:
-            # Computed after /stop cancelled it: keep what was computed (the fork dropped it).
-            del self._finished[job.id]
-        else:
+        if job.status not in (QUEUED, RUNNING):
             raise RuntimeError(f"job {job.id} already {job.status}")
+        (self._queued if job.status == QUEUED else self._running).pop(job.id)
+        self._active_nonces -= job.num_nonces
         job.status, job.result, job.error, job.finished_at = status, result, error, self._clock()
         self._finished[job.id] = job
         self._store.submit(_finish_rows([(status, result, error, job.finished_at, job.id)]))

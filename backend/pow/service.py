@@ -1,8 +1,10 @@
 """The Gonka PoC API's decisions, in the engine thread: mining round, gating, generate jobs, callbacks.
 
 Handlers change state and reply; `feed()` keeps the artifact queue supplied between engine steps, and the loop
-runs its batches (`run_batch`). The queue (SQLite) and the callback sender (its own thread) are passed in;
-nothing here blocks on I/O except /stop's bounded flush, which runs on a short-lived thread of its own.
+runs its batches (`run_batch`). Jobs (/generate) run beside a mining round, before its batches (unlike the fork,
+where they waited for /stop): a validation has a deadline (artifact_queue.py says how the device is shared).
+The queue (SQLite) and the callback sender (its own thread) are passed in; nothing here blocks on I/O except
+/stop's bounded flush, which runs on a short-lived thread of its own.
 """
 
 from __future__ import annotations
@@ -16,14 +18,16 @@ from dataclasses import dataclass, replace
 import structlog
 
 from backend.errors import RequestError, gate_error, pow_error
-from backend.pow.artifact_queue import ArtifactQueue, ArtifactTask
+from backend.pow.artifact_queue import MINING, ArtifactQueue, ArtifactTask
 from backend.pow.callbacks import CallbackSender
+from backend.pow.cost import Cost
 from backend.pow.jobs import GenerateQueue, Job, QueueFull
 from backend.pow.results import MinedBody, callback_body, echo, job_result, job_view
 from backend.pow.store import Store
 from backend.settings import BackendSettings
 from poc.errors import PocInputError
 from poc.manager import MiningRound, RoundSpec
+from poc.nonces import check_node
 from poc.spec import ArtifactJob, PocSpec
 from protocol.common import ErrorInfo
 from protocol.poc import Artifact, PocArtifactsReply, PocArtifactsRequest
@@ -41,6 +45,9 @@ from protocol.pow import (
 )
 
 log = structlog.get_logger(__name__)
+
+# Queued jobs in the artifact queue at once (taken in FIFO order, then run round-robin): the rest stay queued.
+MAX_RUNNING_JOBS = 4
 
 
 @dataclass
@@ -67,7 +74,8 @@ class PowService:
         self.stop_flush_timeout_s = stop_flush_timeout_s
         self.round: MiningRound | None = None
         self._mining_in_queue = False
-        self._job_in_queue = False
+        # Persisted jobs now in the artifact queue (wait=true calls go there at once and are not counted).
+        self._num_running_jobs = 0
         self._waiting: deque[_WaitingCall] = deque()
         self.num_validations = 0
         self.num_nonces = 0
@@ -95,8 +103,12 @@ class PowService:
     def iterations(self):
         return self.artifacts.iterations
 
-    def run_batch(self) -> None:
-        self.artifacts.run_batch()
+    def run_batch(self, limit: int | None = None) -> None:
+        self.artifacts.run_batch(limit)
+
+    def next_forward(self) -> tuple[Cost | None, int]:
+        """The learned cost of the forward run_batch would run next, and the most sequences it can take."""
+        return self.artifacts.next_forward()
 
     def unblock(self) -> None:
         self.artifacts.unblock()
@@ -110,6 +122,7 @@ class PowService:
         reply = PowStatusReply(rid=msg.rid)
         try:
             self._check_params(msg.params)
+            _check_node(msg.node.node_id, msg.node.node_count, msg.group_id, msg.n_groups)
             if self.round is not None:
                 raise pow_error(409, "Already generating")
             spec = RoundSpec(msg.node, PocSpec.of(msg.node, msg.params, msg.stronger_rng), msg.group_id,
@@ -174,9 +187,9 @@ class PowService:
         was = self.round
         self.round = None
         self._chat.ungate()
-        self.artifacts.discard(lambda task: task.tag == "mining")
+        self.artifacts.discard(lambda task: task.tag == MINING)
         self._mining_in_queue = False
-        num_cancelled = self.jobs.cancel_all()
+        num_cancelled = self.jobs.cancel_queued()
         if was is not None:
             log.info("poc_round_stopped", total_processed=was.total_processed, num_artifacts=was.num_artifacts,
                      num_jobs_cancelled=num_cancelled)
@@ -200,26 +213,25 @@ class PowService:
 
     def has_pending(self) -> bool:
         """Work that feed() could turn into artifact tasks."""
-        if self.round is not None:
-            return not self._mining_in_queue
-        return not self._job_in_queue and (bool(self._waiting) or self.jobs.peek_next() is not None)
+        return (bool(self._waiting) or (self.round is not None and not self._mining_in_queue)
+                or (self._num_running_jobs < MAX_RUNNING_JOBS and self.jobs.peek_next() is not None))
 
     def feed(self) -> None:
-        if self.round is not None:
-            if not self._mining_in_queue:
-                self._submit_mining_batch()
-            return  # generate jobs wait while a mining round is active (as in the fork)
-        if self._job_in_queue:
-            return
-        if self._waiting:
+        """Jobs go to the artifact queue as they come, beside a round's next batch (the queue runs jobs first)."""
+        while self._waiting:
             call = self._waiting.popleft()
-            self._submit_job(call.msg, lambda view, error: self._send(
-                call.identity, PowJobReply(rid=call.msg.rid, job=view, error=error)), job=None)
-            return
-        job = self.jobs.peek_next()
-        if job is not None:
+            self._submit_job(call.msg, self._answer_to(call), job=None)
+        while self._num_running_jobs < MAX_RUNNING_JOBS and (job := self.jobs.peek_next()) is not None:
             self.jobs.mark_running(job)
+            self._num_running_jobs += 1
             self._submit_job(job.request, None, job=job)
+        if self.round is not None and not self._mining_in_queue:
+            self._submit_mining_batch()
+
+    def _answer_to(self, call: _WaitingCall) -> Callable:
+        def answer(view, error) -> None:
+            self._send(call.identity, PowJobReply(rid=call.msg.rid, job=view, error=error))
+        return answer
 
     # --- internals ---
 
@@ -229,6 +241,7 @@ class PowService:
                             param="params.model")
 
     def _check_job(self, msg: PowGenerateRequest) -> None:
+        _check_node(msg.node.node_id, msg.node.node_count)
         if msg.validation is not None and {a.nonce for a in msg.validation} != set(msg.nonces):
             raise pow_error(400, "validation.artifacts nonces must match nonces field", param="validation.artifacts")
         try:
@@ -282,12 +295,13 @@ class PowService:
                 batch = MinedBody(artifacts=artifacts, encoding=s.poc.encoding, **echo(s.node))
                 self.callbacks.add_generated(s.url, batch)
 
-        self.artifacts.submit(ArtifactTask(job=ArtifactJob(s.poc, tuple(nonces)), done=done, tag="mining"))
+        self.artifacts.submit(ArtifactTask(job=ArtifactJob(s.poc, tuple(nonces)), done=done, tag=MINING))
         self._mining_in_queue = True
 
     def _submit_job(self, msg: PowGenerateRequest, answer, job: Job | None) -> None:
         def done(artifacts: list[Artifact], error: ErrorInfo | None) -> None:
-            self._job_in_queue = False
+            if job is not None:
+                self._num_running_jobs -= 1
             self.num_nonces += len(msg.nonces)
             result, error = job_result(msg, artifacts, error)
             if msg.validation is not None and error is None:
@@ -306,7 +320,13 @@ class PowService:
             answer(None if error else job_view(str(uuid.uuid4()), "completed", result), error)
 
         self.artifacts.submit(ArtifactTask(job=_job_of(msg), done=done, tag="job"))
-        self._job_in_queue = True
+
+
+def _check_node(node_id: int, node_count: int, group_id: int = 0, n_groups: int = 1) -> None:
+    try:
+        check_node(node_id, node_count, group_id, n_groups)
+    except PocInputError as e:
+        raise pow_error(400, f"{e.field} {e.message}", param=e.field) from e
 
 
 def _job_of(msg: PowGenerateRequest) -> ArtifactJob:

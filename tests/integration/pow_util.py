@@ -6,6 +6,8 @@ import base64
 import json
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -13,7 +15,15 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from tests.stack import Proc, backend_args, free_port, frontend_args, wait_healthy, wait_until  # noqa: F401
+from tests.stack import (  # noqa: F401
+    LONG_MAX_TOKENS,
+    Proc,
+    backend_args,
+    free_port,
+    frontend_args,
+    wait_healthy,
+    wait_until,
+)
 
 MODEL = "tiny"
 CALLBACK_BASE = f"/v2/poc-batches/{MODEL}"
@@ -215,3 +225,32 @@ def negated(vector_b64: str) -> str:
 
 def validation(arts: dict[int, str]) -> dict:
     return {"artifacts": [{"nonce": n, "vector_b64": v} for n, v in arts.items()]}
+
+
+@contextmanager
+def chat_holding_poc(base_url: str, model: str = MODEL, *, outlives_block: bool = True) -> Iterator[None]:
+    """A long streaming chat for the duration: on a backend started with --chat-share 1, PoC work (jobs, a
+    round's batches) runs only while chat is idle, so this holds every job where it is. The stream is closed
+    (and so aborted) on exit; with `outlives_block` it must still have been running then (the hold held)."""
+    started = threading.Event()
+    closed = threading.Event()
+
+    def run() -> None:
+        body = {"model": model, "messages": [{"role": "user", "content": "Tell a very long story."}],
+                "max_tokens": LONG_MAX_TOKENS, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data:"):
+                    started.set()
+                if closed.is_set():
+                    return
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert started.wait(60), "the holding chat did not start"
+    try:
+        yield
+        assert not outlives_block or thread.is_alive(), "the holding chat ended before the test released it"
+    finally:
+        closed.set()
+        thread.join(60)

@@ -26,12 +26,12 @@ import pytest
 from protocol.common import BackendStats
 from protocol.control import PingRequest, PongReply
 from tests.backend_client import RawBackend
-from tests.stack import Proc, backend_args, free_port, frontend_args, wait_healthy, wait_until
+from tests.stack import LONG_MAX_TOKENS, Proc, backend_args, free_port, frontend_args, wait_healthy, wait_until
 
-# Many streams, each as long as the tiny model's context allows (1024; the prompt is ~30 tokens): the more streams
+# Many streams, each as long as the test backend's context allows: the more streams
 # share a step, the longer each takes to finish, so they outlast the detection window on fast machines too.
 NUM_STREAMS = 16
-MAX_TOKENS = 900
+MAX_TOKENS = LONG_MAX_TOKENS
 # The least the backend accepts. Detection takes this, one sweep (a quarter of it) and up to one ping interval
 # (the frontend's last ping may have come just before the kill).
 FRONTEND_TIMEOUT_S = 1.0

@@ -9,6 +9,7 @@ import openai
 import pytest
 
 from backend.processor.main import INLINE_TEXT_CHARS
+from tests.stack import MAX_MODEL_LEN
 
 MESSAGES = [{"role": "user", "content": "Tell me about the weather today."}]
 
@@ -142,7 +143,7 @@ def test_chat_bad_input_is_400_naming_param(stack, body, param):
      "enforced_str"),
 ])
 def test_text_that_cannot_fit_is_refused_before_tokenizing(stack, path, body, param):
-    # 2 MB against a 1024-token context: refused by the size bound (its message says "far longer"), not by
+    # 2 MB against a MAX_MODEL_LEN-token context: refused by the size bound (its message says "far longer"), not by
     # tokenizing it on the engine thread first.
     r = httpx.post(f"{stack.base_url}{path}", json={"model": stack.model, **body}, timeout=60)
     assert r.status_code == 400, r.text
@@ -155,9 +156,9 @@ def test_text_that_cannot_fit_is_refused_before_tokenizing(stack, path, body, pa
     ("/v1/completions", {"prompt": "x " * 50_000}, "prompt"),
 ])
 def test_long_text_is_tokenized_off_the_engine_thread_while_streams_go_on(client, stack, path, body, param):
-    # 100k characters: past INLINE_TEXT_CHARS, within the size bound (1024 tokens x 116 bytes), so the prepare
+    # 100k characters: past INLINE_TEXT_CHARS, within the size bound (MAX_MODEL_LEN tokens x 116 bytes), so the prepare
     # thread tokenizes it and its token count refuses it. A stream started before it runs to its end.
-    assert INLINE_TEXT_CHARS < 100_000 < 1024 * 116
+    assert INLINE_TEXT_CHARS < 100_000 < MAX_MODEL_LEN * 116
     stream = client.chat.completions.create(model=stack.model, messages=[{"role": "user", "content": "hi"}],
                                             max_tokens=24, stream=True, extra_body={"ignore_eos": True})
     first = next(stream)

@@ -76,7 +76,7 @@ def test_poc_bad_input_is_a_typed_error_naming_the_field(raw, kw, field):
 
 def test_greedy_chat_unchanged_by_poc_batches_between_its_steps(stack, raw):
     body = {"model": stack.model, "messages": [{"role": "user", "content": "Count to one hundred."}],
-            "max_tokens": 120, "temperature": 0.0, "ignore_eos": True, "logprobs": True}
+            "max_tokens": 300, "temperature": 0.0, "ignore_eos": True, "logprobs": True}
 
     def tokens() -> list[str]:
         r = httpx.post(f"{stack.base_url}/v1/chat/completions", json=body, timeout=120)

@@ -33,7 +33,7 @@ from tests.integration.pow_util import (
     validation,
     wait_until,
 )
-from tests.stack import Proc, free_port, frontend_args, wait_healthy
+from tests.stack import LONG_MAX_TOKENS, Proc, free_port, frontend_args, wait_healthy
 
 TOKEN = "secret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -282,7 +282,7 @@ def test_init_aborts_chats_in_flight(pow_url, stack):
     """§8.5 test 03: a streaming and a non-streaming long chat are running when init arrives."""
     started = threading.Event()
     seen: dict = {"tokens": 0, "errors": [], "done": False}
-    long_chat = {"model": MODEL, "messages": CHAT["messages"], "max_tokens": 900, "ignore_eos": True}
+    long_chat = {"model": MODEL, "messages": CHAT["messages"], "max_tokens": LONG_MAX_TOKENS, "ignore_eos": True}
 
     def stream_long_chat() -> None:
         try:
@@ -333,7 +333,7 @@ def test_init_aborts_chats_in_flight(pow_url, stack):
         stop(pow_url)
         for t in threads:
             t.join(60)
-    assert seen["tokens"] < 900, seen
+    assert seen["tokens"] < LONG_MAX_TOKENS, seen
     assert "exception" in seen or any(e["code"] == 503 and "PoC generation is active" in e["message"]
                                       for e in seen["errors"]), seen
     # Non-streaming: the fork answered 200 with truncated text or dropped the connection; we answer the gate's 503.

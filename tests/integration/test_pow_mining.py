@@ -1,9 +1,10 @@
 """PoC mining rounds, queued jobs and their callbacks, against a real HTTP receiver on loopback.
 
-Two backends of our own (each ~15 s and 2.4 GB to start): one in shared scheduling mode with a short callback
-interval and a queue cap of 8 nonces, used by most tests here; one that is SIGKILLed and restarted on its state
-dir. Spec: reference-behavior.md §2.3–2.8 (shapes, queue, callbacks), §3 (validation), §7 (shared vs exclusive),
-§9.2–9.3 (what the node's dapi sends and receives).
+Backends of our own (each ~15 s and 2.4 GB to start): one in shared scheduling mode with a short callback
+interval and a queue cap of 8 nonces, used by most tests here; the others run with --chat-share 1, so that a long
+chat holds every job in the queue (PoC runs only while chat is idle there), one of them SIGKILLed and restarted on
+its state dir. Spec: reference-behavior.md §2.3–2.8 (shapes, queue, callbacks), §3 (validation), §7 (shared vs
+exclusive), §9.2–9.3 (what the node's dapi sends and receives).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest
 
+from backend.pow.service import MAX_RUNNING_JOBS
 from tests.integration.pow_util import (
     CALLBACK_BASE,
     ENCODING,
@@ -26,6 +28,7 @@ from tests.integration.pow_util import (
     VALIDATED_KEYS,
     Server,
     artifacts_of,
+    chat_holding_poc,
     decode,
     echoed,
     encode,
@@ -97,10 +100,10 @@ def test_mining_round_streams_generated_callbacks_that_revalidate(pow_url, recei
         assert s["status"] == "GENERATING"
         assert s["config"] == {**identity, "group_id": 1, "n_groups": 2, "seq_len": 32, "k_dim": 12}
         assert s["stats"]["total_processed"] >= 8 and s["stats"]["nonces_per_second"] > 0
-        # Jobs wait while the round is active: a wait=true call would block, a queued one stays queued.
+        # Jobs run beside the round (the fork made them wait for /stop): a queued one completes meanwhile.
         job_id = queue_job(pow_url, [7])
-        assert httpx.get(f"{pow_url}/generate/{job_id}", timeout=10).json() == {"status": "queued",
-                                                                              "request_id": job_id}
+        assert poll_job(pow_url, job_id)["status"] == "completed"
+        assert status(pow_url)["status"] == "GENERATING"
     finally:
         assert stop(pow_url) == {"status": "OK", "pow_status": {"status": "STOPPED"}}
     processed = s["stats"]["total_processed"]
@@ -136,10 +139,8 @@ def test_mining_round_streams_generated_callbacks_that_revalidate(pow_url, recei
 
 
 def test_dapi_node_numbering_is_accepted(pow_url, receiver):
-    """dapi sends node_id = NodeNum (1-based, only grows) and node_count = its node count: one node is (1, 1).
-
-    The fork computes node_id + g·N + x·(G·N) for any values; refusing node_id >= node_count would stop such a
-    host from mining at all."""
+    """dapi sends node_id = NodeNum (1-based) and node_count = its node count: one node is (1, 1), and its
+    nonces are 1, 2, 3, ... (spec §2.4, §9.2)."""
     identity = node(block_hash="DAPI_BLOCK", block_height=654, node_id=1, node_count=1)
     before = len(receiver.bodies("generated"))
     try:
@@ -271,26 +272,79 @@ def test_callback_refused_with_500_is_retried_until_delivered(pow_url, shared, r
     wait_until(lambda: metric(shared.base_url, "pocserve_callback_backlog") == 0, what="empty outbox")
 
 
-def test_queue_cap_is_429_and_stop_cancels_queued_jobs(pow_url):
+@pytest.fixture(scope="module")
+def held(model_dir, tmp_path_factory):
+    """PoC only while chat is idle: a long chat holds every job where it is (chat_holding_poc)."""
+    server = Server.start(model_dir, tmp_path_factory.mktemp("pow-held"), "--chat-share", "1",
+                          "--max-queued-nonces", str(MAX_QUEUED))
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("node_id,node_count,group_id,n_groups,field", [
+    (3, 2, 0, 1, "node_id"),  # 3 is node 1's range again under either numbering
+    (-1, 2, 0, 1, "node_id"),
+    (0, 0, 0, 1, "node_count"),
+    (0, 1, 2, 2, "group_id"),
+    (0, 1, -1, 2, "group_id"),
+])
+def test_impossible_node_numbers_are_a_400_naming_the_field(pow_url, node_id, node_count, group_id, n_groups,
+                                                            field):
+    identity = node(node_id=node_id, node_count=node_count)
+    r = init(pow_url, **identity, group_id=group_id, n_groups=n_groups)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field and field in r.json()["error"]["message"]
+    assert status(pow_url)["status"] == "IDLE"
+    if field.startswith("node"):
+        r = generate(pow_url, [1], node_id=node_id, node_count=node_count)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == field
+
+
+@pytest.mark.parametrize("node_id,node_count", [(0, 2), (1, 2), (2, 2)])
+def test_node_numbers_of_both_numberings_are_accepted(pow_url, node_id, node_count):
+    r = generate(pow_url, [1], node_id=node_id, node_count=node_count)
+    assert r.status_code == 200, r.text
+
+
+def test_wait_true_validation_answers_during_a_mining_round_which_goes_on(pow_url, receiver):
+    honest = artifacts_of(pow_url, [30, 31, 32, 33])
     try:
-        assert init(pow_url).status_code == 200  # holds the queue: jobs wait while mining
-        first = queue_job(pow_url, [1, 2, 3, 4])
-        second = queue_job(pow_url, [5, 6, 7, 8])
-        r = generate(pow_url, [9], wait=False)
-        assert r.status_code == 429, r.text
-        assert r.json()["error"]["message"] == f"Queue full: {MAX_QUEUED} nonces queued, limit is {MAX_QUEUED}"
-        assert httpx.get(f"{pow_url}/generate/{first}", timeout=10).json()["status"] == "queued"
+        assert init(pow_url, url=receiver.url).status_code == 200
+        wait_until(lambda: status(pow_url)["stats"]["total_processed"] > 0, what="mining progress")
+        r = generate(pow_url, [30, 31, 32, 33], validation=validation(honest))  # wait=true
+        assert r.status_code == 200, r.text
+        assert (r.json()["status"], r.json()["n_total"], r.json()["n_mismatch"]) == ("completed", 4, 0)
+        after_job = status(pow_url)
+        assert after_job["status"] == "GENERATING"
+        wait_until(lambda: status(pow_url)["stats"]["total_processed"] > after_job["stats"]["total_processed"],
+                   what="mining after the job")
     finally:
         stop(pow_url)
-    # /stop cancels them (kept as "cancelled" until the TTL; the fork erased them) and frees the cap.
-    for job_id in (first, second):
-        assert httpx.get(f"{pow_url}/generate/{job_id}", timeout=10).json() == {"status": "cancelled",
-                                                                              "request_id": job_id}
-    assert poll_job(pow_url, queue_job(pow_url, [1, 2, 3, 4, 5, 6, 7, 8]))["status"] == "completed"
+
+
+def test_queue_cap_is_429_and_stop_cancels_the_jobs_not_started(held):
+    pow_url = held.pow
+    job_status = lambda job_id: httpx.get(f"{pow_url}/generate/{job_id}", timeout=10).json()["status"]  # noqa: E731
+    with chat_holding_poc(held.base_url):
+        jobs = [queue_job(pow_url, [n]) for n in range(MAX_QUEUED)]  # one nonce each: the cap is reached
+        r = generate(pow_url, [99], wait=False)
+        assert r.status_code == 429, r.text
+        assert r.json()["error"]["message"] == f"Queue full: {MAX_QUEUED} nonces queued, limit is {MAX_QUEUED}"
+        # The first MAX_RUNNING_JOBS are in the engine's queue (running), the rest wait for a place (queued).
+        running, queued = jobs[:MAX_RUNNING_JOBS], jobs[MAX_RUNNING_JOBS:]
+        assert [job_status(j) for j in jobs] == ["running"] * len(running) + ["queued"] * len(queued)
+        stop(pow_url)
+        # /stop cancels what has not started (kept as "cancelled" until the TTL; the fork erased them) and frees
+        # their share of the cap; running jobs go on (a late /stop must not throw a validation away).
+        assert [job_status(j) for j in queued] == ["cancelled"] * len(queued)
+        assert generate(pow_url, list(range(len(queued))), wait=False).status_code == 200
+    for job_id in running:
+        assert poll_job(pow_url, job_id)["status"] == "completed"
 
 
 def test_queued_jobs_and_undelivered_callbacks_survive_a_backend_kill(model_dir, tmp_path, receiver):
-    server = Server.start(model_dir, tmp_path)
+    server = Server.start(model_dir, tmp_path, "--chat-share", "1", "--scheduling-mode", "shared")
     pow_url = server.pow
     try:
         honest = artifacts_of(pow_url, [30, 31, 32, 33])
@@ -299,14 +353,15 @@ def test_queued_jobs_and_undelivered_callbacks_survive_a_backend_kill(model_dir,
         pending_id = queue_job(pow_url, [40], url=receiver.url, block_height=899)
         pending = poll_job(pow_url, pending_id)
         wait_until(lambda: receiver.num_failed >= 1, what="a refused callback")
-        assert init(pow_url).status_code == 200  # jobs stay queued while mining
-        compute_id = queue_job(pow_url, [100, 101, 102], url=receiver.url, block_height=900)
-        validate_id = queue_job(pow_url, [30, 31, 32, 33], url=receiver.url, block_height=901,
-                                validation=validation(honest))
-        for job_id in (compute_id, validate_id):
-            assert httpx.get(f"{pow_url}/generate/{job_id}", timeout=10).json()["status"] == "queued"
-
-        server.restart_backend()  # SIGKILL: no shutdown hook runs, nothing is flushed
+        assert init(pow_url).status_code == 200
+        # The chat holds the jobs where they are, until the kill ends it too.
+        with chat_holding_poc(server.base_url, outlives_block=False):
+            compute_id = queue_job(pow_url, [100, 101, 102], url=receiver.url, block_height=900)
+            validate_id = queue_job(pow_url, [30, 31, 32, 33], url=receiver.url, block_height=901,
+                                    validation=validation(honest))
+            for job_id in (compute_id, validate_id):
+                assert httpx.get(f"{pow_url}/generate/{job_id}", timeout=10).json()["status"] in ("queued", "running")
+            server.restart_backend()  # SIGKILL: no shutdown hook runs, nothing is flushed
         wait_until(lambda: httpx.get(f"{server.base_url}/health", timeout=2).status_code != 200,
                    timeout_s=10, what="backend seen down")
         receiver.status = 200

@@ -8,9 +8,9 @@ import time
 import httpx
 import pytest
 
-from tests.stack import Proc, backend_args, free_port, frontend_args, wait_healthy
+from tests.stack import LONG_MAX_TOKENS, Proc, backend_args, free_port, frontend_args, wait_healthy
 
-LONG = {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 900,
+LONG = {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": LONG_MAX_TOKENS,
         "ignore_eos": True}
 
 

@@ -176,35 +176,28 @@ def test_jobs_reload_drops_expired_results(store, path):
         store.close()
 
 
-def test_jobs_cancel_all_keeps_results_until_ttl(store, path):
+def test_jobs_cancel_queued_keeps_results_until_ttl_and_lets_running_jobs_finish(store, path):
     clock = FakeClock()
     q = _queue(store, clock, result_ttl_s=60.0)
-    for name in "abc":
+    for name in "abcd":
         q.enqueue(name, _request(3), 3)
     a = q.peek_next()
     q.mark_running(a)
     q.complete(a, _result())
-    q.mark_running(q.peek_next())  # b running, c queued
-    assert q.cancel_all() == 2
-    assert [q.get(n).status for n in "abc"] == ["completed", "cancelled", "cancelled"]
-    assert q.peek_next() is None and q.queued_nonces == 0
+    b = q.peek_next()
+    q.mark_running(b)  # b running; c, d queued
+    assert q.cancel_queued() == 2
+    assert [q.get(n).status for n in "abcd"] == ["completed", "running", "cancelled", "cancelled"]
+    assert q.peek_next() is None and q.queued_nonces == 3  # b still counts against the cap
+    q.complete(b, _result(0))
+    assert q.get("b").status == "completed" and q.queued_nonces == 0
     store, q = _reopen(store, path, clock, result_ttl_s=60.0)
     try:
-        assert [q.get(n).status for n in "abc"] == ["completed", "cancelled", "cancelled"]
+        assert [q.get(n).status for n in "abcd"] == ["completed", "completed", "cancelled", "cancelled"]
         clock.now += 61
-        assert q.prune_expired() == 3
+        assert q.prune_expired() == 4
     finally:
         store.close()
-
-
-def test_jobs_result_after_cancel_is_kept(store):
-    q = _queue(store)
-    q.enqueue("a", _request(2), 2)
-    a = q.peek_next()
-    q.mark_running(a)
-    q.cancel_all()
-    q.complete(a, _result(0))
-    assert q.get("a").status == "completed" and q.queued_nonces == 0
 
 
 def test_jobs_on_persisted_called_after_commit(store, path):

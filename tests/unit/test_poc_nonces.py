@@ -51,7 +51,9 @@ def test_nonce_iterator_ranges_disjoint():
         ("node_count", (0, 0, 0, 1)),
         ("n_groups", (0, 1, 0, 0)),
         ("node_id", (-1, 3, 0, 1)),
+        ("node_id", (3, 2, 0, 1)),  # past node_count: node 1's range under either numbering
         ("group_id", (0, 3, -1, 2)),
+        ("group_id", (0, 3, 2, 2)),
     ],
 )
 def test_nonce_iterator_rejects_bad_args(field, args):
@@ -61,12 +63,24 @@ def test_nonce_iterator_rejects_bad_args(field, args):
     assert field in str(info.value)
 
 
-def test_nonce_iterator_accepts_ids_past_the_counts_as_the_fork_does():
-    # The network client sends node_id = NodeNum (1-based, only grows) and node_count = its current node count:
-    # a host with one node sends (1, 1); the fork's formula applies unchanged.
+def test_nonce_iterator_accepts_both_numberings():
+    # dapi sends node_id = NodeNum (1-based) and node_count = its node count: a host with one node sends (1, 1);
+    # the fork's tests and the spec's examples number from 0. The fork's formula applies unchanged.
     assert NonceIterator(1, 1).take(4) == [1, 2, 3, 4]
-    assert NonceIterator(3, 2).take(3) == [3, 5, 7]
-    assert NonceIterator(1, 1, 2, 2).take(3) == [3, 5, 7]
+    assert NonceIterator(0, 1).take(4) == [0, 1, 2, 3]
+    assert NonceIterator(2, 2).take(3) == [2, 4, 6]
+    assert NonceIterator(1, 1, 1, 2).take(3) == [2, 4, 6]
+
+
+@pytest.mark.parametrize("base", [0, 1])
+def test_nonce_iterator_ranges_disjoint_within_either_numbering(base):
+    n, g = 3, 2
+    seen: set[int] = set()
+    for group in range(g):
+        for node in range(base, base + n):
+            taken = set(NonceIterator(node, n, group, g).take(50))
+            assert not taken & seen
+            seen |= taken
 
 
 def test_nonce_iterator_rejects_negative_take():

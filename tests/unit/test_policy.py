@@ -1,4 +1,5 @@
-"""Unit tests for backend.policy: `choose` as a decision table (add a row per new snapshot field or work kind)."""
+"""Unit tests for backend.policy and backend.share: `choose` as a decision table (add a row per new snapshot field
+or work kind), and the chat share's account driven through chat idle, light chat, heavy chat, share 0 and 1."""
 
 from __future__ import annotations
 
@@ -9,21 +10,32 @@ import pytest
 
 from backend import policy
 from backend.policy import EngineStep, Idle, PocBatch, Snapshot
+from backend.pow.cost import Cost
+from backend.share import INFINITE, ChatShare
+
+# A forward: 2 ms of overhead, 1 ms a sequence; efficient from 8 sequences (overhead at most a fifth).
+COST = Cost(overhead_s=0.002, per_seq_s=0.001)
 
 # (snapshot, expected work, why): one row per case the loop must get right.
 DECISIONS = [
     (Snapshot(has_engine_work=True), EngineStep(), "vLLM has unfinished requests: step the engine"),
     (Snapshot(has_engine_work=False), Idle(), "nothing to run: block on the inbox"),
-    (Snapshot(has_engine_work=False, has_poc_work=True), PocBatch(), "only PoC queued: run it back to back"),
-    (Snapshot(has_engine_work=False, has_poc_work=True, num_poc_since_step=9), PocBatch(),
-     "no chat to share with: the PoC share does not apply"),
-    (Snapshot(has_engine_work=True, has_poc_work=True, num_poc_since_step=0), PocBatch(),
-     "both compete: PoC gets its share first"),
-    (Snapshot(has_engine_work=True, has_poc_work=True, num_poc_since_step=1), EngineStep(),
-     "both compete, PoC share used up: chat steps"),
-    (Snapshot(has_engine_work=True, has_poc_work=True, num_poc_since_step=2, poc_batches_per_step=3),
-     PocBatch(), "a larger PoC share runs more batches per engine step"),
-    (Snapshot(has_engine_work=True, has_poc_work=True, is_poc_blocked=True), EngineStep(),
+    (Snapshot(has_engine_work=False, has_poc_work=True), PocBatch(), "chat idle: PoC runs whole forwards"),
+    (Snapshot(has_engine_work=False, has_poc_work=True, poc_credit_s=-3.0, poc_cost=COST, poc_max_batch=32),
+     PocBatch(), "no chat to share with: the account does not apply"),
+    (Snapshot(has_engine_work=True, has_poc_work=True, poc_credit_s=0.0), EngineStep(),
+     "both compete, no credit: chat steps"),
+    (Snapshot(has_engine_work=True, has_poc_work=True, poc_credit_s=0.05, poc_max_batch=32), PocBatch(limit=1),
+     "both compete, cost not learned yet: one sequence starts the model"),
+    (Snapshot(has_engine_work=True, has_poc_work=True, poc_credit_s=0.05, poc_cost=COST, poc_max_batch=32),
+     PocBatch(limit=48), "both compete: the forward takes what the credit buys (the queue caps it)"),
+    (Snapshot(has_engine_work=True, has_poc_work=True, poc_credit_s=0.006, poc_cost=COST, poc_max_batch=32),
+     EngineStep(), "credit buys only a forward that is mostly overhead: chat steps, PoC keeps earning"),
+    (Snapshot(has_engine_work=True, has_poc_work=True, poc_credit_s=0.006, poc_cost=COST, poc_max_batch=3),
+     PocBatch(limit=4), "the task has fewer sequences left than an efficient forward: they run when affordable"),
+    (Snapshot(has_engine_work=True, has_poc_work=True, poc_credit_s=INFINITE, poc_cost=COST, poc_max_batch=32),
+     PocBatch(), "share 0: PoC runs whole forwards even while chat waits"),
+    (Snapshot(has_engine_work=True, has_poc_work=True, is_poc_blocked=True, poc_credit_s=1.0), EngineStep(),
      "PoC found no free KV blocks: an engine step frees some first"),
     (Snapshot(has_engine_work=False, has_poc_work=True, is_poc_blocked=True), PocBatch(),
      "blocked but nothing else runs: retry the PoC (blocks free up only from it)"),
@@ -40,10 +52,102 @@ def test_policy_table_covers_every_work_kind():
 
 
 def test_policy_snapshot_and_work_are_frozen():
-    for value in (Snapshot(has_engine_work=True), EngineStep(), Idle()):
+    for value in (Snapshot(has_engine_work=True), EngineStep(), Idle(), PocBatch()):
         assert dataclasses.is_dataclass(value) and type(value).__dataclass_params__.frozen
 
 
 def test_policy_choose_is_pure():
     for snapshot, _, _ in DECISIONS:
         assert policy.choose(snapshot) == policy.choose(snapshot)
+
+
+# --- the share's account, driven like the loop drives it ---
+
+STEP_S = 0.010  # an engine step
+MAX_BATCH = 32
+
+
+def simulate(share: float, *, chat_busy: bool, poc_busy: bool, seconds: float = 10.0) -> tuple[float, float]:
+    """Runs policy + account with fixed step and forward costs; returns (chat, PoC) fractions of the time."""
+    account, chat_s, poc_s, now = ChatShare(share), 0.0, 0.0, 0.0
+    while now < seconds:
+        work = policy.choose(Snapshot(has_engine_work=chat_busy, has_poc_work=poc_busy,
+                                      poc_credit_s=account.credit_s, poc_cost=COST, poc_max_batch=MAX_BATCH))
+        if isinstance(work, EngineStep):
+            account.after_step(STEP_S, is_poc_waiting=poc_busy, min_forward_s=COST.seconds(COST.efficient_size()))
+            chat_s, now = chat_s + STEP_S, now + STEP_S
+        elif isinstance(work, PocBatch):
+            elapsed = COST.seconds(MAX_BATCH if work.limit is None else min(MAX_BATCH, work.limit))
+            account.after_poc(elapsed, is_chat_waiting=chat_busy)
+            poc_s, now = poc_s + elapsed, now + elapsed
+        else:
+            now += STEP_S
+    return chat_s / now, poc_s / now
+
+
+@pytest.mark.parametrize("share", [0.25, 0.5, 0.75])
+def test_share_heavy_chat_gets_its_share(share):
+    chat, poc = simulate(share, chat_busy=True, poc_busy=True)
+    assert chat == pytest.approx(share, abs=0.02) and chat + poc == pytest.approx(1.0)
+
+
+def test_share_chat_idle_gives_poc_the_whole_device():
+    assert simulate(0.5, chat_busy=False, poc_busy=True) == (0.0, 1.0)
+
+
+def test_share_no_poc_gives_chat_the_whole_device():
+    assert simulate(0.5, chat_busy=True, poc_busy=False) == (1.0, 0.0)
+
+
+def test_share_1_runs_poc_only_when_chat_is_idle():
+    assert simulate(1.0, chat_busy=True, poc_busy=True) == (1.0, 0.0)
+
+
+def test_share_0_runs_chat_only_when_poc_is_idle():
+    assert simulate(0.0, chat_busy=True, poc_busy=True) == (0.0, 1.0)
+
+
+def test_share_light_chat_leaves_poc_the_rest():
+    """Chat that comes and goes: while it is idle PoC banks nothing, and PoC still runs between its steps."""
+    account = ChatShare(0.5)
+    account.after_step(STEP_S, is_poc_waiting=True)
+    assert account.credit_s == pytest.approx(STEP_S)
+    account.after_poc(0.5, is_chat_waiting=False)  # chat went idle: PoC ran freely, nothing owed either way
+    assert account.credit_s == 0.0
+    account.after_step(STEP_S, is_poc_waiting=True)
+    assert account.credit_s == pytest.approx(STEP_S)
+
+
+def test_share_credit_cap_rises_to_an_efficient_forward():
+    account = ChatShare(0.5)
+    for _ in range(10):
+        account.after_step(STEP_S, is_poc_waiting=True, min_forward_s=0.05)
+    assert account.credit_s == pytest.approx(0.1)  # up to two efficient forwards' worth, banked over ten steps
+
+
+def test_cost_model_separates_overhead_from_per_sequence_time():
+    from backend.pow.cost import CostModel
+    model = CostModel()
+    model.observe(128, 1, 0.0075)
+    assert model.cost(128) == Cost(0.0, 0.0075)  # one size only: all of it counts per sequence
+    model.observe(128, 16, 0.0600)
+    cost = model.cost(128)
+    assert cost is not None and cost.overhead_s == pytest.approx(0.0040) and cost.per_seq_s == pytest.approx(0.0035)
+    assert cost.efficient_size() == 5 and cost.sequences_within(0.02) == 4 and model.cost(64) is None
+
+
+def test_share_credit_is_capped_and_debt_repaid():
+    account = ChatShare(0.5)
+    for _ in range(10):
+        account.after_step(STEP_S, is_poc_waiting=True)
+    assert account.credit_s == pytest.approx(2 * STEP_S)  # no burst banked while chat was heavy
+    account.after_poc(5 * STEP_S, is_chat_waiting=True)  # a forward that overran its size
+    assert account.credit_s == pytest.approx(-3 * STEP_S)
+    for _ in range(3):
+        account.after_step(STEP_S, is_poc_waiting=True)
+    assert account.credit_s == pytest.approx(0.0)
+
+
+def test_share_refuses_a_share_outside_0_1():
+    with pytest.raises(ValueError):
+        ChatShare(1.5)

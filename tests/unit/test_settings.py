@@ -103,6 +103,9 @@ def test_settings_frontend_id_defaults_to_host_pid():
     (frontend_settings, ["--pow-wait-timeout-s", "0"], {}, ["--pow-wait-timeout-s"]),
     (backend_settings, [], {"POC_BATCH_SIZE_DEFAULT": "0"}, ["--batch-size-default"]),
     (backend_settings, [], {"POC_BATCH_SIZE_DEFAULT": "many"}, ["POC_BATCH_SIZE_DEFAULT"]),
+    (backend_settings, ["--chat-share", "1.5"], {}, ["--chat-share", "POCSERVE_CHAT_SHARE"]),
+    (backend_settings, [], {"POCSERVE_CHAT_SHARE": "-0.1"}, ["--chat-share"]),
+    (backend_settings, [], {"POCSERVE_CHAT_SHARE": "nan"}, ["--chat-share"]),
 ])
 def test_settings_bad_value_raises_settings_error_naming_it(module, argv, environ, names):
     with pytest.raises(SettingsError) as info:

@@ -1,0 +1,148 @@
+"""Unit tests for backend/pow/artifact_queue.py with a fake runner: jobs before the round's batches, jobs
+round-robin, the round's guaranteed share while jobs wait, sized forwards, failures and blocked forwards."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.engine.poc import NoFreeBlocks
+from backend.pow.artifact_queue import MINING, MINING_EVERY, ArtifactQueue, ArtifactTask
+from poc.spec import ArtifactJob, PocSpec
+
+MAX_BATCH = 4
+
+
+class FakeRunner:
+    """Runs forwards instantly; records which job each forward served and how many nonces it took."""
+
+    def __init__(self) -> None:
+        self.forwards: list[tuple[str, int]] = []
+        self.fail_for: str | None = None
+        self.blocked = False
+
+    def check(self, job: ArtifactJob) -> None:
+        pass
+
+    def max_batch(self, seq_len: int) -> int:
+        return MAX_BATCH
+
+    def run(self, job: ArtifactJob, nonces: list[int]):
+        if self.blocked:
+            raise NoFreeBlocks("all blocks in use")
+        if job.spec.block_hash == self.fail_for:
+            raise RuntimeError("worker failed")
+        self.forwards.append((job.spec.block_hash, len(nonces)))
+        return [(n, f"v{n}") for n in nonces], len(nonces)
+
+
+class Done:
+    def __init__(self) -> None:
+        self.calls: list[tuple[list, object]] = []
+
+    def __call__(self, artifacts, error) -> None:
+        self.calls.append((artifacts, error))
+
+
+def _task(name: str, num_nonces: int, tag: str = "job", seq_len: int = 8) -> tuple[ArtifactTask, Done]:
+    done = Done()
+    return ArtifactTask(job=ArtifactJob(PocSpec(name, "pk", seq_len), tuple(range(num_nonces))), done=done,
+                        tag=tag), done
+
+
+def _queue() -> tuple[ArtifactQueue, FakeRunner]:
+    runner = FakeRunner()
+    return ArtifactQueue(runner), runner
+
+
+def _drain(queue: ArtifactQueue) -> None:
+    while len(queue):
+        queue.run_batch()
+
+
+def test_artifact_queue_job_goes_before_the_rounds_next_batch():
+    queue, runner = _queue()
+    mining, _ = _task("round", 4, MINING)
+    queue.submit(mining)
+    job, done = _task("validation", 4)
+    queue.submit(job)
+    queue.run_batch()
+    assert runner.forwards == [("validation", 4)] and done.calls[0][1] is None
+    queue.run_batch()
+    assert runner.forwards[-1] == ("round", 4)
+
+
+def test_artifact_queue_jobs_share_round_robin_so_a_small_job_never_waits_for_a_big_one():
+    queue, runner = _queue()
+    big, big_done = _task("big", 40)
+    small, small_done = _task("small", 2)
+    queue.submit(big)
+    queue.submit(small)
+    queue.run_batch()
+    queue.run_batch()
+    assert [name for name, _ in runner.forwards] == ["big", "small"] and small_done.calls and not big_done.calls
+    _drain(queue)
+    [(artifacts, error)] = big_done.calls
+    assert error is None and [a.nonce for a in artifacts] == list(range(40))
+
+
+def test_artifact_queue_round_gets_one_forward_in_mining_every_while_jobs_wait():
+    queue, runner = _queue()
+    job, _ = _task("jobs", 4 * 10 * MINING_EVERY)
+    queue.submit(job)
+    for _ in range(3):
+        mining, _ = _task("round", 4, MINING)
+        queue.submit(mining)
+        for _ in range(MINING_EVERY):
+            queue.run_batch()
+    names = [name for name, _ in runner.forwards]
+    assert names.count("round") == 3
+    assert names == (["jobs"] * (MINING_EVERY - 1) + ["round"]) * 3
+
+
+def test_artifact_queue_forward_takes_at_most_the_limit_and_learns_its_cost():
+    ticks = iter([0.0, 0.5, 1.0, 1.6])  # 3 sequences: 0.5 s, 4 sequences: 0.6 s
+    queue = ArtifactQueue(FakeRunner(), clock=lambda: next(ticks))
+    job, _ = _task("job", 10, seq_len=64)
+    queue.submit(job)
+    assert queue.next_forward() == (None, MAX_BATCH)
+    queue.run_batch(limit=3)
+    queue.run_batch(limit=100)  # capped by what one forward takes
+    cost, max_batch = queue.next_forward()
+    assert cost is not None and cost.overhead_s == pytest.approx(0.2) and cost.per_seq_s == pytest.approx(0.1)
+    assert max_batch == 3 and job.remaining == list(range(7, 10))  # what is left of the task
+    assert queue.iterations.count == 2 and queue.iterations.sum == (3 + 4) * 64
+
+
+def test_artifact_queue_failed_forward_fails_only_its_task():
+    queue, runner = _queue()
+    runner.fail_for = "bad"
+    bad, bad_done = _task("bad", 4)
+    good, good_done = _task("good", 4)
+    queue.submit(bad)
+    queue.submit(good)
+    _drain(queue)
+    assert bad_done.calls[0][0] == [] and bad_done.calls[0][1].status == 500
+    assert good_done.calls[0][1] is None and len(good_done.calls[0][0]) == 4
+
+
+def test_artifact_queue_no_free_blocks_keeps_the_task_and_marks_blocked():
+    queue, runner = _queue()
+    runner.blocked = True
+    job, done = _task("job", 4)
+    queue.submit(job)
+    queue.run_batch()
+    assert queue.is_blocked and len(queue) == 1 and not done.calls
+    queue.unblock()
+    runner.blocked = False
+    queue.run_batch()
+    assert not queue.is_blocked and done.calls
+
+
+def test_artifact_queue_discard_drops_the_rounds_batches_only():
+    queue, _ = _queue()
+    mining, mining_done = _task("round", 4, MINING)
+    job, _ = _task("job", 4)
+    queue.submit(mining)
+    queue.submit(job)
+    assert queue.discard(lambda t: t.tag == MINING) == 1
+    assert len(queue) == 1 and queue.num_jobs == 1 and not mining_done.calls
