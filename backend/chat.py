@@ -63,6 +63,10 @@ class ChatRequests:
     def has_work(self) -> bool:
         return self._engine.has_work()
 
+    def is_preparing(self) -> bool:
+        """Requests are on their way to the engine (the processor is tokenizing them)."""
+        return bool(self.preparing)
+
     # --- the PoC gate (exclusive mode) ---
 
     def gate(self, reason: ErrorInfo) -> int:

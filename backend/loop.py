@@ -63,7 +63,8 @@ class BackendLoop:
     def snapshot(self) -> policy.Snapshot:
         cost, max_batch = self.pow.next_forward()
         return policy.Snapshot(
-            has_engine_work=self.chat.has_work(), has_poc_work=self.pow.has_batch(),
+            has_engine_work=self.chat.has_work(), is_chat_preparing=self.chat.is_preparing(),
+            is_chat_gated=self.chat.is_gated, has_poc_work=self.pow.has_batch(),
             is_poc_blocked=self.pow.is_blocked, poc_credit_s=self.share.credit_s, poc_cost=cost,
             poc_max_batch=max_batch)
 
@@ -107,7 +108,7 @@ class BackendLoop:
                 started = time.perf_counter()
                 self.pow.run_batch(limit)
                 elapsed_s = time.perf_counter() - started
-                self.share.after_poc(elapsed_s, is_chat_waiting=self.chat.has_work())
+                self.share.after_poc(elapsed_s, is_chat_waiting=self.chat.has_work() or self.chat.is_preparing())
                 log.debug("poc_forward", limit=limit, elapsed_ms=round(elapsed_s * 1000, 2),
                           credit_ms=round(self.share.credit_s * 1000, 2))
             case policy.Idle():

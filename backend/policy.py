@@ -2,7 +2,10 @@
 
 When chat and PoC work compete, chat keeps its share of the device (`share.py` keeps the account): PoC runs only
 once its credit buys an efficient forward (pow/cost.py: at most a fifth of its time fixed overhead), and then as
-many sequences as the credit buys. With chat idle, PoC runs whole forwards back to back; with nothing to run, the
+many sequences as the credit buys. A chat request still being tokenized counts as chat: PoC does not start a long
+forward just before it reaches the engine. With chat idle, PoC runs forwards back to back, each at most
+IDLE_FORWARD_S long (a chat that arrives waits for the one in flight) unless a shorter one would waste more than
+IDLE_MAX_OVERHEAD of its time, and whole ones while chat is gated (an exclusive round); with nothing to run, the
 loop blocks on its inbox.
 """
 
@@ -12,11 +15,21 @@ from dataclasses import dataclass
 
 from backend.pow.cost import Cost
 
+# With chat idle but free to arrive: the longest a PoC forward should make a new request wait, and the overhead
+# share that justifies a longer one. On a GPU the network's 32 x 1024 forward takes ~0.1 s on a 0.6B shape (one
+# whole forward); on the CPU engine it takes seconds and is split.
+IDLE_FORWARD_S = 0.25
+IDLE_MAX_OVERHEAD = 0.05
+
 
 @dataclass(frozen=True)
 class Snapshot:
     # vLLM has unfinished requests (running, waiting or with a step in flight).
     has_engine_work: bool
+    # Chat requests on their way to the engine (the processor is tokenizing them).
+    is_chat_preparing: bool = False
+    # Chat is refused (an exclusive-mode round): no request can arrive for PoC to make room for.
+    is_chat_gated: bool = False
     # PoC artifact work is queued (jobs or a round's batch).
     has_poc_work: bool = False
     # The last PoC forward found no free KV blocks: let an engine step free some first.
@@ -50,18 +63,26 @@ Work = EngineStep | PocBatch | Idle
 
 
 def choose(s: Snapshot) -> Work:
+    chat = EngineStep() if s.has_engine_work else Idle()  # Idle while only preparing: wait for it to arrive
     poc_ready = s.has_poc_work and not (s.is_poc_blocked and s.has_engine_work)
     if not poc_ready:
-        return EngineStep() if s.has_engine_work else Idle()
-    if not s.has_engine_work:
-        return PocBatch()
+        return chat
+    if not (s.has_engine_work or s.is_chat_preparing):
+        return PocBatch() if s.is_chat_gated else _idle_forward(s)
     if s.poc_credit_s <= 0:
-        return EngineStep()
+        return chat
     if s.poc_credit_s == float("inf"):
         return PocBatch()
     if s.poc_cost is None:
         return PocBatch(limit=1)  # one sequence first: its time starts the cost model
     affordable = s.poc_cost.sequences_within(s.poc_credit_s)
     if affordable < min(s.poc_cost.efficient_size(), s.poc_max_batch):
-        return EngineStep()  # keep earning until the forward is worth its overhead
+        return chat  # keep earning until the forward is worth its overhead
     return PocBatch(limit=affordable)
+
+
+def _idle_forward(s: Snapshot) -> PocBatch:
+    if s.poc_cost is None:
+        return PocBatch(limit=1)
+    size = max(s.poc_cost.sequences_within(IDLE_FORWARD_S), s.poc_cost.efficient_size(IDLE_MAX_OVERHEAD))
+    return PocBatch() if size >= s.poc_max_batch else PocBatch(limit=size)

@@ -23,7 +23,8 @@ from tests.backend_client import RawBackend
 NODE = {"block_hash": "BENCH", "block_height": 1, "public_key": "bench_key", "node_id": 0, "node_count": 1}
 
 
-def _start(model_dir: Path, work: Path, mode: str, args) -> tuple[list[Proc], str, str]:
+def start_stack(model_dir: Path, work: Path, mode: str, args, *extra: str) -> tuple[list[Proc], str, str]:
+    """A backend (sized for args.batch_size x args.seq_len PoC forwards) and a frontend; (procs, address, url)."""
     address = f"ipc://{work}/{mode}.ipc"
     port = free_port()
     backend = Proc("backend", ["-m", "backend", "--model", str(model_dir), "--generate-model", "none",
@@ -31,7 +32,7 @@ def _start(model_dir: Path, work: Path, mode: str, args) -> tuple[list[Proc], st
                                str(work / f"state-{mode}"), "--scheduling-mode", mode, "--gpu-memory-utilization",
                                str(args.gpu_memory_utilization), "--max-num-seqs", str(args.batch_size),
                                "--max-num-batched-tokens", str(max(4096, args.batch_size * args.seq_len)),
-                               "--max-model-len", str(max(2048, args.seq_len))], work / f"backend-{mode}.log")
+                               "--max-model-len", str(max(2048, args.seq_len)), *extra], work / f"backend-{mode}.log")
     frontend = Proc("frontend", ["-m", "frontend", "--backend-address", address, "--port", str(port)],
                     work / f"frontend-{mode}.log")
     procs = [backend.start(), frontend.start()]
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     model_dir = ensure_model(Path(f"models/{args.shape}"), args.shape)
     args.work_dir.mkdir(parents=True, exist_ok=True)
     figures: dict = {"shape": args.shape, "seq_len": args.seq_len, "batch_size": args.batch_size}
-    procs, address, base = _start(model_dir, args.work_dir, "exclusive", args)
+    procs, address, base = start_stack(model_dir, args.work_dir, "exclusive", args)
     try:
         figures["direct_nonces_per_s"] = direct_rate(address, args)
         figures["http_nonces_per_s"] = http_rate(base, args)["nonces_per_s"]
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"direct {figures['direct_nonces_per_s']:.1f} nonces/s  HTTP round {figures['http_nonces_per_s']:.1f} "
           f"nonces/s  ratio {figures['ratio_http_vs_direct']:.3f} (target >= 0.95)", flush=True)
     if args.shared:
-        procs, address, base = _start(model_dir, args.work_dir, "shared", args)
+        procs, address, base = start_stack(model_dir, args.work_dir, "shared", args)
         try:
             shared = http_rate(base, args, chat=True)
         finally:

@@ -30,9 +30,9 @@ class Cost:
         """The most sequences one forward can take within `budget_s` (0 if not even one)."""
         return max(0, int((budget_s - self.overhead_s) / self.per_seq_s))
 
-    def efficient_size(self) -> int:
-        """The fewest sequences whose forward spends at most MAX_OVERHEAD_SHARE of its time on overhead."""
-        share = MAX_OVERHEAD_SHARE
+    def efficient_size(self, max_overhead_share: float = MAX_OVERHEAD_SHARE) -> int:
+        """The fewest sequences whose forward spends at most `max_overhead_share` of its time on overhead."""
+        share = max_overhead_share
         return max(1, math.ceil(self.overhead_s * (1 - share) / (share * self.per_seq_s)))
 
 

@@ -57,9 +57,9 @@ def test_poc_artifacts_depend_on_block_hash_and_public_key(raw):
 
 
 def test_poc_large_job_is_split_into_engine_sized_batches(raw):
-    # 40 nonces x 200 tokens = 8000 tokens > max_num_batched_tokens (4096): several forwards.
-    arts = _as_dict(raw.artifacts(list(range(100, 140)), seq_len=200))
-    assert sorted(arts) == list(range(100, 140))
+    # 100 nonces > max_num_seqs (64): several forwards, whatever the policy's sizes.
+    arts = _as_dict(raw.artifacts(list(range(100, 200)), seq_len=200))
+    assert sorted(arts) == list(range(100, 200))
 
 
 @pytest.mark.parametrize(("kw", "field"), [

@@ -33,6 +33,7 @@ from tests.integration.pow_util import (
     echoed,
     encode,
     generate,
+    l2,
     metric,
     negated,
     node,
@@ -183,6 +184,22 @@ def test_shared_mode_serves_chat_while_mining_progresses(pow_url, shared):
         assert status(pow_url)["status"] == "GENERATING"
     finally:
         stop(pow_url)
+
+
+def test_shared_round_under_chat_load_gives_the_artifacts_computed_alone(pow_url, receiver):
+    """Chat's share splits the round's forwards into sizes the credit buys; the artifacts must not depend on it."""
+    identity = node(block_hash="SHARED_LOAD", block_height=777)
+    before = len(receiver.bodies("generated"))
+    with chat_holding_poc(pow_url.removesuffix("/api/v1/pow")):  # running the whole time, or this fails
+        try:
+            assert init(pow_url, **identity, url=receiver.url).status_code == 200
+            wait_until(lambda: sum(len(b["artifacts"]) for b in receiver.bodies("generated")[before:]) >= 16,
+                       what="16 artifacts mined beside the chat")
+        finally:
+            stop(pow_url)
+    mined = {a["nonce"]: a["vector_b64"] for b in receiver.bodies("generated")[before:] for a in b["artifacts"]}
+    alone = artifacts_of(pow_url, sorted(mined)[:16], block_hash="SHARED_LOAD")
+    assert max(l2(mined[n], v) for n, v in alone.items()) < 0.02
 
 
 def test_queued_validation_delivers_the_exact_validated_callback(pow_url, receiver):

@@ -1,0 +1,227 @@
+"""What runs beside a mining round: validation jobs (any mode) and streaming chat (shared mode).
+
+    python -m bench.beside_mining                      (CPU, tiny model: both parts)
+    python -m bench.beside_mining --part jobs --shape qwen3-0.6b --seq-len 1024 --batch-size 32     (GPU)
+    python -m bench.beside_mining --part chat --shape qwen3-0.6b --seq-len 1024 --batch-size 32 --streams 16 \
+        --max-tokens 128                                                                             (GPU)
+
+jobs (exclusive mode): a 4-nonce validation job and a --big-job-nonces compute job, alone and while a round mines
+at full rate. Prints the 4-nonce job's latency against two of the round's batches plus its own compute, the big
+job's rate against its rate alone, and the round's rate before, during and after the big job.
+
+chat (shared mode, --chat-share): --streams concurrent streaming chats of --max-tokens, idle and during a round.
+Prints chat output tok/s, TTFT and TPOT p50/p99, and PoC nonces/s alone and beside chat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from bench.mining import NODE, start_stack
+from bench.procs import raise_on_signals, stop_all
+
+
+def _pow(base: str) -> str:
+    return f"{base}/api/v1/pow"
+
+
+def _processed(base: str) -> int:
+    return httpx.get(f"{_pow(base)}/status", timeout=30).json()["stats"]["total_processed"]
+
+
+def _job(base: str, nonces: list[int], args, **fields) -> tuple[float, dict]:
+    """A wait:true /generate; (seconds to the answer, body)."""
+    body = {**NODE, "nonces": nonces, "params": {"model": "bench", "seq_len": args.seq_len},
+            "batch_size": args.batch_size, "wait": True, **fields}
+    started = time.perf_counter()
+    r = httpx.post(f"{_pow(base)}/generate", json=body, timeout=3600)
+    elapsed = time.perf_counter() - started
+    r.raise_for_status()
+    answer = r.json()
+    assert answer["status"] == "completed", answer
+    return elapsed, answer
+
+
+def _init(base: str, args) -> None:
+    body = {**NODE, "params": {"model": "bench", "seq_len": args.seq_len}, "batch_size": args.batch_size}
+    httpx.post(f"{_pow(base)}/init/generate", json=body, timeout=60).raise_for_status()
+
+
+def _stop(base: str) -> None:
+    httpx.post(f"{_pow(base)}/stop", timeout=120).raise_for_status()
+
+
+def _round_rate(base: str, seconds: float) -> float:
+    before, started = _processed(base), time.perf_counter()
+    time.sleep(seconds)
+    return (_processed(base) - before) / (time.perf_counter() - started)
+
+
+def jobs_part(model_dir: Path, args) -> dict:
+    procs, _address, base = start_stack(model_dir, args.work_dir, "exclusive", args,
+                                        "--max-queued-nonces", str(max(100_000, 4 * args.big_job_nonces)))
+    try:
+        four = list(range(4))
+        _job(base, four, args)  # warm-up: the first forward of a shape compiles
+        small_alone, honest = _job(base, four, args)
+        validation = {"validation": {"artifacts": honest["artifacts"]}}
+        big = list(range(10_000, 10_000 + args.big_job_nonces))
+        big_alone_s, _ = _job(base, big, args)
+        batch_s = args.batch_size / _batch_rate(base, args)
+        _init(base, args)
+        try:
+            time.sleep(args.settle_s)
+            mining_before = _round_rate(base, args.seconds)
+            small_s, answer = _job(base, four, args, **validation)
+            assert answer["n_mismatch"] == 0, answer
+            before = _processed(base)
+            big_s, _ = _job(base, big, args)
+            mining_during = (_processed(base) - before) / big_s
+            mining_after = _round_rate(base, args.seconds)
+        finally:
+            _stop(base)
+    finally:
+        stop_all(procs)
+    figures = {
+        "batch_s": batch_s, "small_alone_s": small_alone, "small_beside_round_s": small_s,
+        "small_target_s": 2 * batch_s + small_alone, "big_alone_nonces_per_s": len(big) / big_alone_s,
+        "big_beside_round_nonces_per_s": len(big) / big_s, "mining_before_nonces_per_s": mining_before,
+        "mining_during_big_job_nonces_per_s": mining_during, "mining_after_nonces_per_s": mining_after}
+    figures["big_ratio"] = figures["big_beside_round_nonces_per_s"] / figures["big_alone_nonces_per_s"]
+    print(f"4-nonce validation: {small_s * 1000:.0f} ms beside the round ({small_alone * 1000:.0f} ms alone; "
+          f"target <= 2 batches + its own = {figures['small_target_s'] * 1000:.0f} ms)", flush=True)
+    print(f"{len(big)}-nonce job: {figures['big_beside_round_nonces_per_s']:.1f} nonces/s beside the round vs "
+          f"{figures['big_alone_nonces_per_s']:.1f} alone: {figures['big_ratio']:.3f} (target >= 0.8)", flush=True)
+    print(f"round: {mining_before:.1f} nonces/s before, {mining_during:.1f} during the big job, "
+          f"{mining_after:.1f} after", flush=True)
+    return figures
+
+
+def _batch_rate(base: str, args) -> float:
+    """Nonces/s of a round alone: a short round's own figure (its batches are the ones a job waits behind)."""
+    _init(base, args)
+    try:
+        time.sleep(args.settle_s)
+        return _round_rate(base, args.seconds)
+    finally:
+        _stop(base)
+
+
+def _stream(base: str, args, out: list) -> None:
+    body = {"model": "bench", "messages": [{"role": "user", "content": "Tell me a story."}], "stream": True,
+            "max_tokens": args.max_tokens, "ignore_eos": True, "stream_options": {"include_usage": True}}
+    started = time.perf_counter()
+    first = last = None
+    tokens = 0
+    with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            if event.get("usage"):
+                tokens = event["usage"]["completion_tokens"]
+            elif event["choices"]:
+                now = time.perf_counter()
+                first = first or now
+                last = now
+    assert first is not None and last is not None and tokens > 1
+    out.append((first - started, (last - first) / (tokens - 1), tokens))
+
+
+def _chat_load(base: str, args) -> dict:
+    """--streams concurrent streams, each restarted when it ends, for --seconds (each runs at least once)."""
+    results: list = []
+    deadline = time.perf_counter() + args.seconds
+    started = time.perf_counter()
+
+    def worker() -> None:
+        _stream(base, args, results)
+        while time.perf_counter() < deadline:
+            _stream(base, args, results)
+
+    threads = [threading.Thread(target=worker) for _ in range(args.streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - started
+    ttft, tpot, tokens = (np.array(x) for x in zip(*results, strict=True))
+    return {"tokens_per_s": float(tokens.sum() / elapsed), "num_requests": len(results),
+            "ttft_p50_ms": float(np.percentile(ttft, 50) * 1000), "ttft_p99_ms": float(np.percentile(ttft, 99) * 1000),
+            "tpot_p50_ms": float(np.percentile(tpot, 50) * 1000), "tpot_p99_ms": float(np.percentile(tpot, 99) * 1000)}
+
+
+def chat_part(model_dir: Path, args) -> dict:
+    procs, _address, base = start_stack(model_dir, args.work_dir, "shared", args,
+                                        "--chat-share", str(args.chat_share))
+    try:
+        args_warm = argparse.Namespace(**{**vars(args), "seconds": 0.0})
+        _chat_load(base, args_warm)  # warm-up: one request per stream
+        idle = _chat_load(base, args)
+        poc_alone = _batch_rate(base, args)
+        _init(base, args)
+        try:
+            time.sleep(args.settle_s)
+            before = _processed(base)
+            started = time.perf_counter()
+            beside = _chat_load(base, args)
+            poc_beside = (_processed(base) - before) / (time.perf_counter() - started)
+        finally:
+            _stop(base)
+    finally:
+        stop_all(procs)
+    figures = {"chat_share": args.chat_share, "streams": args.streams, "max_tokens": args.max_tokens,
+               "idle": idle, "beside_round": beside, "poc_alone_nonces_per_s": poc_alone,
+               "poc_beside_chat_nonces_per_s": poc_beside,
+               "chat_ratio": beside["tokens_per_s"] / idle["tokens_per_s"], "poc_ratio": poc_beside / poc_alone,
+               "tpot_p99_ratio": beside["tpot_p99_ms"] / idle["tpot_p99_ms"]}
+    for name, f in (("idle", idle), ("during the round", beside)):
+        print(f"chat {name}: {f['tokens_per_s']:.1f} tok/s, TTFT p50/p99 {f['ttft_p50_ms']:.1f}/{f['ttft_p99_ms']:.1f}"
+              f" ms, TPOT p50/p99 {f['tpot_p50_ms']:.2f}/{f['tpot_p99_ms']:.2f} ms ({f['num_requests']} requests)",
+              flush=True)
+    print(f"PoC: {poc_alone:.1f} nonces/s alone, {poc_beside:.1f} beside chat", flush=True)
+    print(f"chat-share {args.chat_share}: chat {figures['chat_ratio']:.3f}x idle, PoC {figures['poc_ratio']:.3f}x "
+          f"alone, TPOT p99 {figures['tpot_p99_ratio']:.2f}x idle", flush=True)
+    return figures
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--part", choices=("jobs", "chat", "both"), default="both")
+    p.add_argument("--shape", default="tiny", choices=("tiny", "qwen3-0.6b"))
+    p.add_argument("--seq-len", type=int, default=1024)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--big-job-nonces", type=int, default=1000)
+    p.add_argument("--streams", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--chat-share", type=float, default=0.5)
+    p.add_argument("--seconds", type=float, default=15.0, help="each measured stretch")
+    p.add_argument("--settle-s", type=float, default=2.0, help="after a round starts, before measuring it")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.2)
+    p.add_argument("--startup-timeout-s", type=float, default=600.0)
+    p.add_argument("--work-dir", type=Path, default=Path("/tmp/pocserve-bench-beside"))
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    raise_on_signals()
+    from backend.tools.modelgen import ensure_model
+    model_dir = ensure_model(Path(f"models/{args.shape}"), args.shape)
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    figures: dict = {"shape": args.shape, "seq_len": args.seq_len, "batch_size": args.batch_size}
+    if args.part in ("jobs", "both"):
+        figures["jobs"] = jobs_part(model_dir, args)
+    if args.part in ("chat", "both"):
+        figures["chat"] = chat_part(model_dir, args)
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=1))
+
+
+if __name__ == "__main__":
+    main()
