@@ -196,7 +196,8 @@ def chat_part(model_dir: Path, args) -> dict:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", choices=("jobs", "chat", "both"), default="both")
-    p.add_argument("--shape", default="tiny", choices=("tiny", "qwen3-0.6b"))
+    from backend.tools.modelgen import SHAPES
+    p.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--big-job-nonces", type=int, default=1000)

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from backend.engine import compat
-from backend.engine.poc import ArtifactJob
+from poc.spec import ArtifactJob, PocSpec
 
 
 def _bare(worker, block_ids: list[int], num_seqs: int, seq_len: int, iters: int) -> float:
@@ -154,7 +154,10 @@ def _write_profiles(out: Path, llm, runner, pool, job: ArtifactJob, seq_len: int
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shape", default="tiny", choices=("tiny", "qwen3-0.6b"))
+    from backend.tools.modelgen import QUANTS, SHAPES
+    p.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
+    p.add_argument("--num-layers", type=int, default=None, help="decoder layers (default: the shape's)")
+    p.add_argument("--quant", default=None, choices=QUANTS)
     p.add_argument("--model-dir", default="")
     p.add_argument("--seq-lens", type=int, nargs="+", default=[64])
     p.add_argument("--batches", type=int, nargs="+", default=[8])
@@ -169,51 +172,54 @@ def main(argv: list[str] | None = None) -> None:
     from backend.settings import load_settings
     from backend.tools.modelgen import ensure_model
     model_dir = Path(args.model_dir or f"models/{args.shape}")
-    ensure_model(model_dir, args.shape)
+    ensure_model(model_dir, args.shape, num_layers=args.num_layers, quant=args.quant)
     max_tokens = max(args.seq_lens) * max(args.batches)
     settings = load_settings(["--model", str(model_dir), "--generate-model", "none", "--max-model-len",
                               str(max(max(args.seq_lens), 2048)), "--max-num-seqs", str(max(args.batches)),
-                              "--max-num-batched-tokens", str(max_tokens), "--gpu-memory-utilization",
+                              "--max-num-batched-tokens", str(max_tokens), "--poc-max-batch-tokens",
+                              str(max_tokens), "--gpu-memory-utilization",
                               str(args.gpu_memory_utilization)])
     engine = Engine(settings)
-    llm, runner = engine.llm, engine.poc
-    hf_cfg = llm.model_config.hf_config
+    llm, runner = engine.core, engine.poc
+    hf_cfg = engine.vllm_config.model_config.hf_config
     peak = llm.collective_rpc(_peak_tflops)[0]
     print("worker:", llm.collective_rpc(_describe)[0], flush=True)
     pool = compat.block_pool(llm)
     rows = []
-    for seq_len in args.seq_lens:
-        for batch in args.batches:
-            nonces = list(range(batch))
-            job = ArtifactJob("BENCH_BLOCK", "bench_key", tuple(nonces), seq_len)
-            for _ in range(3):  # warm-up: kernel compiles, allocator, clocks
-                runner.run(job, nonces)
-            started = time.perf_counter()
-            for i in range(args.iters):
-                _arts, n = runner.run(job, [i * batch + k for k in range(batch)])
-                assert n == batch
-            poc_s = (time.perf_counter() - started) / args.iters
-            blocks = pool.get_new_blocks(batch * runner.blocks_per_seq(seq_len))
-            ids = [b.block_id for b in blocks]
-            try:
-                bare_s = llm.collective_rpc(_bare, args=(ids, batch, seq_len, args.iters))[0]
-                parts = llm.collective_rpc(_parts, args=(ids, batch, seq_len, args.iters))[0] if args.parts else None
-            finally:
-                pool.free_blocks(blocks)
-            if args.profile:
-                _write_profiles(Path(args.profile), llm, runner, pool, job, seq_len, batch)
-            flops = flops_per_seq(hf_cfg, seq_len) * batch
-            row = {"seq_len": seq_len, "batch": batch, "poc_nonces_per_s": batch / poc_s,
-                   "bare_nonces_per_s": batch / bare_s, "ratio": bare_s / poc_s,
-                   "poc_mfu": flops / poc_s / 1e12 / peak, "bare_mfu": flops / bare_s / 1e12 / peak}
-            if parts:
-                row["parts_ms"] = parts
-                print("   stage ms per batch: " + "  ".join(f"{k} {v:.2f}" for k, v in parts.items()), flush=True)
-            rows.append(row)
-            print(f"L={seq_len:5d} B={batch:3d}  PoC {row['poc_nonces_per_s']:9.1f} nonces/s "
-                  f"(MFU {row['poc_mfu']:.3f})  bare {row['bare_nonces_per_s']:9.1f} nonces/s "
-                  f"(MFU {row['bare_mfu']:.3f})  PoC/bare {row['ratio']:.3f}", flush=True)
-    device = str(llm.vllm_config.device_config.device_type)
+    points = [(seq_len, batch) for seq_len in args.seq_lens for batch in args.batches]
+    for seq_len, batch in points:  # warm-up of every point before any is timed: kernels, allocator, clocks
+        job = ArtifactJob(PocSpec("BENCH_BLOCK", "bench_key", seq_len), tuple(range(batch)))
+        for _ in range(3):
+            runner.run(job, list(job.nonces))
+    for seq_len, batch in points:
+        nonces = list(range(batch))
+        job = ArtifactJob(PocSpec("BENCH_BLOCK", "bench_key", seq_len), tuple(nonces))
+        started = time.perf_counter()
+        for i in range(args.iters):
+            _arts, n = runner.run(job, [i * batch + k for k in range(batch)])
+            assert n == batch
+        poc_s = (time.perf_counter() - started) / args.iters
+        blocks = pool.get_new_blocks(batch * runner.blocks_per_seq(seq_len))
+        ids = [b.block_id for b in blocks]
+        try:
+            bare_s = llm.collective_rpc(_bare, args=(ids, batch, seq_len, args.iters))[0]
+            parts = llm.collective_rpc(_parts, args=(ids, batch, seq_len, args.iters))[0] if args.parts else None
+        finally:
+            pool.free_blocks(blocks)
+        if args.profile:
+            _write_profiles(Path(args.profile), llm, runner, pool, job, seq_len, batch)
+        flops = flops_per_seq(hf_cfg, seq_len) * batch
+        row = {"seq_len": seq_len, "batch": batch, "poc_nonces_per_s": batch / poc_s,
+               "bare_nonces_per_s": batch / bare_s, "ratio": bare_s / poc_s,
+               "poc_mfu": flops / poc_s / 1e12 / peak, "bare_mfu": flops / bare_s / 1e12 / peak}
+        if parts:
+            row["parts_ms"] = parts
+            print("   stage ms per batch: " + "  ".join(f"{k} {v:.2f}" for k, v in parts.items()), flush=True)
+        rows.append(row)
+        print(f"L={seq_len:5d} B={batch:3d}  PoC {row['poc_nonces_per_s']:9.1f} nonces/s "
+              f"(MFU {row['poc_mfu']:.3f})  bare {row['bare_nonces_per_s']:9.1f} nonces/s "
+              f"(MFU {row['bare_mfu']:.3f})  PoC/bare {row['ratio']:.3f}", flush=True)
+    device = str(engine.vllm_config.device_config.device_type)
     print(f"device {device}  peak bf16 matmul {peak:.1f} TFLOP/s  model {args.shape}")
     if args.json:
         Path(args.json).write_text(json.dumps({"device": device, "peak_tflops": peak, "shape": args.shape,

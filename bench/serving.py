@@ -56,7 +56,10 @@ SYSTEMS = ("ours", "vllm")
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", type=Path, default=Path("models/tiny-qwen3"))
-    p.add_argument("--shape", default="tiny", choices=("tiny", "qwen3-0.6b"), help="model shape to generate")
+    from backend.tools.modelgen import QUANTS, SHAPES
+    p.add_argument("--shape", default="tiny", choices=sorted(SHAPES), help="model shape to generate")
+    p.add_argument("--num-layers", type=int, default=None, help="decoder layers (default: the shape's)")
+    p.add_argument("--quant", default=None, choices=QUANTS)
     p.add_argument("--num-requests", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=64)
@@ -192,7 +195,7 @@ def _version(*dists: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     raise_on_signals()
-    model_dir = ensure_model(args.model_dir, args.shape)
+    model_dir = ensure_model(args.model_dir, args.shape, num_layers=args.num_layers, quant=args.quant)
     print(f"model {model_dir} ({args.shape}); logs in {args.log_dir}", flush=True)
     figures: dict[str, dict] = {}
     try:

@@ -4,6 +4,10 @@
 #                                      # (tests/gpu/test_tensor_parallel.py needs two GPUs, skipped on one)
 #   bash scripts/gpu_check.sh bench-poc       # PoC forward (0.6B shape) vs bare forward, mining via HTTP vs direct
 #   bash scripts/gpu_check.sh bench-serving   # this stack vs `vllm serve`, same install and model
+#   bash scripts/gpu_check.sh bench-beside    # validation jobs and 16 streaming chats beside a round (0.6B)
+#   bash scripts/gpu_check.sh bench-moe [N]   # the qwen3-235b-a22b shape at N layers (default 2), bf16 and FP8:
+#                                             # PoC vs bare forward, chat vs `vllm serve`, first and second start
+#   bash scripts/gpu_check.sh round           # bench-serving then bench-beside (one call's worth)
 # Results go to $OUT (default ./gpu-out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +17,21 @@ bash .stage/p1/install.sh
 [ -d .stage/extra ] && python3 -m pip install -q --no-index --no-deps --target /tmp/site .stage/extra/*.whl 2>&1 | grep -v "already exists" || true
 export PYTHONPATH=/tmp/site:$PWD
 export VLLM_USE_V2_MODEL_RUNNER=0 VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONHASHSEED=0
+export VLLM_USE_DEEP_GEMM=0  # DeepGEMM compiles with nvcc at run time, which these machines lack (FP8 models)
+quiet() { grep -vE "^(INFO|WARNING|DEBUG)|^\(EngineCore"; }
+bench_serving() {
+  python3 -m bench.serving --shape qwen3-0.6b --model-dir models/qwen3-0.6b --num-requests 512 \
+    --concurrency 64 --max-tokens 128 --max-num-seqs 256 --max-num-batched-tokens 8192 \
+    --gpu-memory-utilization 0.5 --device-note "$(nvidia-smi --query-gpu=name --format=csv,noheader)" \
+    --json "$out/serving.json" 2>&1 | quiet | tail -40 | tee "$out/serving.txt"
+}
+bench_beside() {
+  python3 -m bench.beside_mining --part jobs --shape qwen3-0.6b --seq-len 1024 --batch-size 32 --seconds 10 \
+    --gpu-memory-utilization 0.5 --json "$out/beside_jobs.json" 2>&1 | quiet | tail -8 | tee "$out/beside_jobs.txt"
+  python3 -m bench.beside_mining --part chat --shape qwen3-0.6b --seq-len 1024 --batch-size 32 --streams 16 \
+    --max-tokens 128 --seconds 15 --chat-share 0.5 --gpu-memory-utilization 0.5 --json "$out/beside_chat.json" \
+    2>&1 | quiet | tail -8 | tee "$out/beside_chat.txt"
+}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 case "${1:-tests}" in
   tests)
@@ -31,10 +50,26 @@ case "${1:-tests}" in
       --gpu-memory-utilization 0.5 --json "$out/mining.json" 2>&1 | grep -vE "^(INFO|WARNING|DEBUG)" \
       | tail -5 | tee "$out/mining.txt"
     ;;
-  bench-serving)
-    python3 -m bench.serving --shape qwen3-0.6b --model-dir models/qwen3-0.6b --num-requests 512 \
-      --concurrency 64 --max-tokens 128 --max-num-seqs 256 --max-num-batched-tokens 8192 \
-      --gpu-memory-utilization 0.5 --device-note "$(nvidia-smi --query-gpu=name --format=csv,noheader)" \
-      --json "$out/serving.json" 2>&1 | grep -vE "^(INFO|WARNING|DEBUG)" | tail -40 | tee "$out/serving.txt"
+  bench-serving) bench_serving ;;
+  bench-beside) bench_beside ;;
+  round) bench_serving; bench_beside ;;
+  bench-moe)
+    layers=${2:-2}
+    for quant in none fp8; do
+      dir=models/q235-${layers}l-$quant
+      qflag=(); [ "$quant" = fp8 ] && qflag=(--quant fp8)
+      /usr/bin/time -f "generated $dir in %e s" python3 -m backend.tools.modelgen --out "$dir" \
+        --shape qwen3-235b-a22b --num-layers "$layers" "${qflag[@]}" 2>&1 | tail -1 | tee -a "$out/moe-$quant.txt"
+      python3 -m bench.poc_forward --shape qwen3-235b-a22b --num-layers "$layers" "${qflag[@]}" --model-dir "$dir" \
+        --seq-lens 1024 --batches 32 64 --iters 5 --gpu-memory-utilization 0.8 --json "$out/moe-poc-$quant.json" \
+        2>&1 | quiet | grep -E "^L=|^device|Error" | tee -a "$out/moe-$quant.txt"
+      for systems in ours,vllm ours; do  # the second "ours" start finds the compile caches of the first
+        python3 -m bench.serving --shape qwen3-235b-a22b --num-layers "$layers" "${qflag[@]}" --model-dir "$dir" \
+          --systems "$systems" --num-requests 256 --concurrency 32 --max-tokens 128 --max-model-len 2048 \
+          --max-num-seqs 64 --max-num-batched-tokens 8192 --gpu-memory-utilization 0.8 \
+          --json "$out/moe-serving-$quant-${systems/,/-}.json" 2>&1 | quiet | tail -14 | tee -a "$out/moe-$quant.txt"
+      done
+      rm -rf "$dir"
+    done
     ;;
 esac
