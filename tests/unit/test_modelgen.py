@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -114,15 +115,49 @@ def test_transformers_loads_weights_and_forward_is_finite(tiny_dir: Path, tokeni
     assert abs(model.lm_head.weight.float().std().item() - modelgen.INIT_STD) < 1e-3
 
 
-@pytest.mark.parametrize("shape", sorted(modelgen.SHAPES))
-def test_tensor_specs_match_hf_qwen3_state_dict(tmp_path: Path, shape: str) -> None:
-    # Checks the 0.6B names and shapes without writing ~0.9 GB: build the HF module on meta.
-    (tmp_path / "config.json").write_text(json.dumps(modelgen.json_files(shape)["config.json"]))
+def _hf_state_dict_shapes(config_json: dict, tmp_path: Path) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of the HF module's state dict, built on meta (no memory, no weights)."""
+    (tmp_path / "config.json").write_text(json.dumps(config_json))
     config = AutoConfig.from_pretrained(tmp_path)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    assert modelgen.tensor_specs(shape) == dict(sorted(expected.items()))
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+
+
+def _fold_experts(specs: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Per-expert checkpoint names -> transformers v5's fused experts.gate_up_proj / experts.down_proj."""
+    folded: dict[str, tuple[int, ...]] = {}
+    experts: dict[str, dict[str, list[tuple[int, ...]]]] = {}
+    for name, shape in specs.items():
+        match = re.fullmatch(r"(.*\.mlp\.experts)\.\d+\.(gate|up|down)_proj\.weight", name)
+        if match is None:
+            folded[name] = shape
+        else:
+            experts.setdefault(match[1], {}).setdefault(match[2], []).append(shape)
+    for prefix, parts in experts.items():
+        (inter, hidden), num_experts = parts["gate"][0], len(parts["gate"])
+        assert parts["up"] == parts["gate"] and len(parts["down"]) == num_experts
+        assert set(parts["down"]) == {(hidden, inter)}
+        folded[f"{prefix}.gate_up_proj"] = (num_experts, 2 * inter, hidden)
+        folded[f"{prefix}.down_proj"] = (num_experts, hidden, inter)
+    return dict(sorted(folded.items()))
+
+
+@pytest.mark.parametrize(("shape", "num_layers"),
+                         [("tiny", None), ("qwen3-0.6b", None), ("tiny-moe", None), ("qwen3-235b-a22b", 2)])
+def test_tensor_specs_match_hf_state_dict(tmp_path: Path, shape: str, num_layers: int | None) -> None:
+    # Checks the large shapes' names and shapes without writing GBs: the HF module is built on meta.
+    config_json = modelgen.json_files(shape, num_layers)["config.json"]
+    expected = _hf_state_dict_shapes(config_json, tmp_path)
+    assert _fold_experts(modelgen.tensor_specs(shape, num_layers)) == dict(sorted(expected.items()))
+
+
+def test_weights_are_the_same_whatever_the_draw_chunk() -> None:
+    # Large tensors are drawn in chunks to bound memory; the bytes must not depend on the chunk size.
+    whole = modelgen.bf16_weight_bits("model.layers.0.mlp.up_proj.weight", (97, 1031), 0, chunk=1 << 30)
+    for chunk in (1, 1000, 4096, 97 * 1031 - 1):
+        assert np.array_equal(modelgen.bf16_weight_bits("model.layers.0.mlp.up_proj.weight", (97, 1031), 0,
+                                                        chunk=chunk), whole), chunk
 
 
 def test_float32_to_bf16_bits_matches_torch() -> None:
@@ -171,9 +206,13 @@ def test_main_cli_prints_only_the_model_path(tmp_path: Path) -> None:
     assert _digests(tmp_path / "cli")["model.safetensors"] == TINY_SEED0_SAFETENSORS_SHA256
 
 
-def test_generate_model_rejects_unknown_shape(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="unknown shape"):
-        modelgen.generate_model(tmp_path / "x", "qwen3-72b", 0)
+@pytest.mark.parametrize(("shape", "kw", "match"), [
+    ("qwen3-72b", {}, "unknown shape"), ("tiny", {"num_layers": 2}, "applies only to"),
+    ("tiny-moe", {"quant": "int4"}, "unknown quantization"), ("qwen3-235b-a22b", {}, "needs --num-layers")])
+def test_generate_model_rejects_unknown_options(tmp_path: Path, shape: str, kw: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        modelgen.generate_model(tmp_path / "x", shape, 0, **kw)
+    assert not list(tmp_path.iterdir())
 
 
 @settings(max_examples=200, deadline=None)
