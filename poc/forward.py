@@ -2,6 +2,9 @@
 
 Runs inside the worker (see poc/worker.py). Follows vLLM's own metadata construction (gpu_model_runner
 _build_attention_metadata), with positions 0..L-1 for every sequence and no previously computed tokens.
+Under pipeline parallel it runs on every stage as vLLM's Worker.execute_model does: the first stage takes the
+input embeddings, the others receive the previous stage's IntermediateTensors, every stage but the last sends
+its own to the next, and only the last stage has the final hidden state.
 """
 
 from __future__ import annotations
@@ -10,7 +13,9 @@ from contextlib import ExitStack, contextmanager
 
 import torch
 from vllm import ir
+from vllm.distributed import get_pp_group, get_tp_group
 from vllm.forward_context import set_forward_context
+from vllm.sequence import IntermediateTensors
 from vllm.v1.attention.backend import CommonAttentionMetadata
 
 from backend.engine import compat
@@ -31,10 +36,32 @@ def eager_norm_kernels():
         yield
 
 
+def is_first_stage() -> bool:
+    """This worker is on the first pipeline stage (the one that takes input embeddings)."""
+    return bool(get_pp_group().is_first_rank)
+
+
 def prefill_last_hidden(mr, cfg, model, block_ids: list[int], x: torch.Tensor) -> torch.Tensor:
-    """x: [B, L, H] inputs in the model dtype. Returns the final-norm hidden state at position L-1, float32."""
-    num_seqs, seq_len, hidden_size = x.shape
-    device = x.device
+    """x: [B, L, H] inputs in the model dtype. Returns the final-norm hidden state at position L-1, float32.
+
+    One stage only (no pipeline parallel); `pipeline_last_hidden` is the general form."""
+    hidden = pipeline_last_hidden(mr, cfg, model, block_ids, x.shape[0], x.shape[1], x)
+    assert hidden is not None, "a single stage is the last stage"
+    return hidden
+
+
+def pipeline_last_hidden(mr, cfg, model, block_ids: list[int], num_seqs: int, seq_len: int,
+                         x: torch.Tensor | None) -> torch.Tensor | None:
+    """This pipeline stage's part of the prefill of `num_seqs` sequences of `seq_len` tokens.
+
+    x: [B, L, H] inputs in the model dtype on the first stage (None on the others, which receive the previous
+    stage's output). Returns the final-norm hidden state at position L-1 as float32 [B, H] on the last stage,
+    None on the others (after sending their output on)."""
+    pp = get_pp_group()
+    if pp.is_first_rank and x is None:
+        raise ValueError("the first pipeline stage needs the input embeddings")
+    hidden_size = int(cfg.model_config.get_hidden_size())
+    device = mr.device
     kv = mr.kv_cache_config
     block_size = cfg.cache_config.block_size
     blocks_per_seq = -(-seq_len // block_size)
@@ -65,8 +92,18 @@ def prefill_last_hidden(mr, cfg, model, block_ids: list[int], x: torch.Tensor) -
                 common_prefix_len=0, common_attn_metadata=common, fast_build=True)
             attn_metadata.update(dict.fromkeys(attn_group.layer_names, built))
         slot_mappings.update(dict.fromkeys(group.layer_names, common.slot_mapping))
-    embeds = x.reshape(num_seqs * seq_len, hidden_size)
+    embeds, intermediate = None, None
+    if pp.is_first_rank:
+        assert x is not None
+        embeds = x.reshape(num_seqs * seq_len, hidden_size)
+    else:
+        # The same pairing of calls as vLLM's worker (TP ranks each send a slice, the receivers all-gather),
+        # so a stage's PoC forward can follow a chat step still in flight on the same links, in order.
+        intermediate = IntermediateTensors(pp.recv_tensor_dict(all_gather_group=get_tp_group()))
     with set_forward_context(attn_metadata, cfg, num_tokens=num_seqs * seq_len, slot_mapping=slot_mappings,
                              skip_compiled=True), eager_norm_kernels():
-        hidden = model(input_ids=None, positions=positions, intermediate_tensors=None, inputs_embeds=embeds)
-    return hidden.view(num_seqs, seq_len, hidden_size)[:, -1].float()
+        out = model(input_ids=None, positions=positions, intermediate_tensors=intermediate, inputs_embeds=embeds)
+    if not pp.is_last_rank:
+        pp.send_tensor_dict(out.tensors, all_gather_group=get_tp_group())
+        return None
+    return out.view(num_seqs, seq_len, hidden_size)[:, -1].float()

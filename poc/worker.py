@@ -1,8 +1,10 @@
 """The worker-side PoC forward: a vLLM worker extension whose methods the engine thread calls by name.
 
 Installed with `worker_extension_cls="poc.worker.PocWorkerExtension"`; vLLM mixes it into the worker class,
-so `self` is the Worker (model_runner, device, vllm_config). Every TP rank runs the same method with the same
-arguments and regenerates the inputs itself, so nothing large crosses processes.
+so `self` is the Worker (model_runner, device, vllm_config). Every rank runs the same method with the same
+arguments. Every TP rank of the first pipeline stage regenerates the inputs itself; later stages receive the
+previous stage's hidden states, as in a chat step (poc/forward.py). Each stage reflects only the decoder layers it
+holds, with their global layer indices, and only the last stage returns artifacts.
 
 Invariants (each one cost someone invalid votes, see ARCHITECTURE §9):
 - attention metadata is built fresh for every forward (a cached one produced all-NaN hidden states);
@@ -25,18 +27,40 @@ from poc.errors import PocInputError
 from poc.rng import householder_vectors, input_embeddings
 from poc.transforms import reflect
 
+_LAYER_PATHS = (("model", "layers"), ("transformer", "h"), ("layers",))
 
-def _decoder_layers(model: torch.nn.Module):
-    """The first of model.model.layers / model.transformer.h / model.layers that exists (the fork's rule)."""
-    for path in (("model", "layers"), ("transformer", "h"), ("layers",)):
-        obj = model
+
+def _find_layers(model: torch.nn.Module) -> tuple[torch.nn.Module, Any] | None:
+    """(the module holding it, the decoder layer list): the first of model.model.layers / model.transformer.h /
+    model.layers that exists (the fork's rule); None if there is none."""
+    for path in _LAYER_PATHS:
+        holder, obj = model, model
         for name in path:
-            obj = getattr(obj, name, None)
+            holder, obj = obj, getattr(obj, name, None)
             if obj is None:
                 break
         if obj is not None:
-            return obj
-    raise PocInputError("model", f"{type(model).__name__} has no decoder layer list to reflect")
+            return holder, obj
+    return None
+
+
+def _require_layers(model: torch.nn.Module) -> tuple[torch.nn.Module, Any]:
+    found = _find_layers(model)
+    if found is None:
+        raise PocInputError("model", f"{type(model).__name__} has no decoder layer list to reflect")
+    return found
+
+
+def _decoder_layers(model: torch.nn.Module):
+    """The decoder layer list; on a pipeline stage it is the whole model's, other stages' layers placeholders."""
+    return _require_layers(model)[1]
+
+
+def own_layers(model: torch.nn.Module) -> range:
+    """Global indices of the decoder layers this pipeline stage holds (vLLM's start_layer/end_layer; all of them
+    without pipeline parallel)."""
+    holder, layers = _require_layers(model)
+    return range(int(getattr(holder, "start_layer", 0)), int(getattr(holder, "end_layer", len(layers))))
 
 
 def _reflect_output(vector: torch.Tensor):
@@ -59,12 +83,17 @@ def reflection_hooks(model: torch.nn.Module, vectors: torch.Tensor):
     """Reflects every decoder layer's (hidden, residual) output with that layer's Householder vector.
 
     vLLM layers return (hidden, residual) and the true residual stream is their sum, so reflecting both equals
-    reflecting the whole stream after every layer (reflection is linear)."""
+    reflecting the whole stream after every layer (reflection is linear).
+
+    Under pipeline parallel only this stage's layers are hooked; `vectors` is indexed by global layer index.
+    """
+    layers = _decoder_layers(model)
     handles = []
     try:
-        for layer, vector in zip(_decoder_layers(model), vectors, strict=False):
+        for i in own_layers(model):
+            layer = layers[i]
             if isinstance(layer, torch.nn.Module) and type(layer).__name__ != "PPMissingLayer":
-                handles.append(layer.register_forward_hook(_reflect_output(vector)))
+                handles.append(layer.register_forward_hook(_reflect_output(vectors[i])))
         yield
     finally:
         for h in handles:
@@ -96,10 +125,20 @@ class PocWorkerExtension:
     def poc_hidden_size(self) -> int:
         return int(self.model_runner.model_config.get_hidden_size())
 
+    def poc_layer_range(self) -> tuple[int, int] | None:
+        """[start, end) global indices of the decoder layers this rank holds; None if the model has no decoder
+        layer list (the engine refuses to start then: PoC could not reflect anything)."""
+        model = self.model_runner.get_model()
+        if _find_layers(model) is None:
+            return None
+        layers = own_layers(model)
+        return layers.start, layers.stop
+
     @torch.inference_mode()
     def poc_artifacts(self, block_ids: list[int], block_hash: str, public_key: str, nonces: list[int],
-                      seq_len: int, k_dim: int, stronger_rng: bool) -> list[tuple[int, str]]:
-        """One batched causal prefill of the seeded inputs; returns (nonce, vector_b64) for finite rows."""
+                      seq_len: int, k_dim: int, stronger_rng: bool) -> list[tuple[int, str]] | None:
+        """One batched causal prefill of the seeded inputs; returns (nonce, vector_b64) for finite rows on the
+        last pipeline stage, None on the others."""
         from poc import forward  # vLLM imports stay out of the engine-free poc modules
 
         mr, cfg = self.model_runner, self.vllm_config
@@ -108,10 +147,14 @@ class PocWorkerExtension:
         model = mr.get_model()
         hidden_size = int(cfg.model_config.get_hidden_size())
         dtype = cfg.model_config.dtype
-        x = input_embeddings(block_hash, public_key, nonces, seq_len, hidden_size, device, dtype,
-                             stronger_rng=stronger_rng)
+        x = None
+        if forward.is_first_stage():
+            x = input_embeddings(block_hash, public_key, nonces, seq_len, hidden_size, device, dtype,
+                                 stronger_rng=stronger_rng)
         # reflect() casts v to the activation dtype anyway; casting once here saves two copies per layer.
         vectors = self._householder(block_hash, len(_decoder_layers(model)), hidden_size, device).to(dtype)
         with reflection_hooks(model, vectors):
-            hidden = forward.prefill_last_hidden(mr, cfg, model, block_ids, x)
+            hidden = forward.pipeline_last_hidden(mr, cfg, model, block_ids, len(nonces), seq_len, x)
+        if hidden is None:
+            return None
         return compute_artifacts(hidden, block_hash, public_key, nonces, k_dim)

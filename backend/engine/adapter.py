@@ -20,6 +20,7 @@ from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest  # noqa: E402
 from vllm.v1.engine.core import EngineCore  # noqa: E402
 from vllm.v1.executor import Executor  # noqa: E402
 
+from backend.engine import parallel  # noqa: E402
 from backend.engine.args import USAGE_CONTEXT, engine_args  # noqa: E402
 from backend.engine.poc import PocRunner  # noqa: E402
 from backend.settings import BackendSettings  # noqa: E402
@@ -40,17 +41,27 @@ class Engine:
         compat.check_version(vllm.__version__)
         self.settings = settings
         started = time.monotonic()
+        parallel.bind_cpu_threads(settings)
         self.vllm_config = engine_args(settings).create_engine_config(USAGE_CONTEXT)
         self.core = EngineCore(self.vllm_config, Executor.get_class(self.vllm_config), log_stats=True)
-        if settings.enforced_sampling:
-            self.core.collective_rpc("install_enforced_sampling")
-            tolerant_grammars.install(self.core.structured_output_manager)
-        self.max_model_len = int(self.vllm_config.model_config.max_model_len)
-        self.poc = PocRunner(self.core, settings.max_num_seqs, settings.max_num_batched_tokens)
+        try:
+            if settings.pipeline_parallel_size > 1:
+                self.core.collective_rpc("prepare_pipeline_stage")
+            if settings.enforced_sampling:
+                self.core.collective_rpc("install_enforced_sampling")
+                tolerant_grammars.install(self.core.structured_output_manager)
+            self.max_model_len = int(self.vllm_config.model_config.max_model_len)
+            step_tokens = int(self.vllm_config.scheduler_config.max_num_batched_tokens)
+            self.poc = PocRunner(self.core, settings.max_num_seqs, min(settings.poc_max_batch_tokens, step_tokens))
+        except BaseException:
+            self.core.shutdown()  # the workers are processes of their own under TP/PP
+            raise
         # Internal ids registered with the workers' enforced-sampling hooks, until they finish.
         self._enforced: set[str] = set()
         log.info("engine_ready", model=str(settings.model), vllm_version=vllm.__version__,
-                 block_size=compat.block_size(self.core), elapsed_s=round(time.monotonic() - started, 1))
+                 block_size=compat.block_size(self.core), tensor_parallel_size=settings.tensor_parallel_size,
+                 pipeline_parallel_size=settings.pipeline_parallel_size, poc_layer_ranges=self.poc.layer_ranges,
+                 elapsed_s=round(time.monotonic() - started, 1))
 
     def fingerprint(self) -> Fingerprint:
         cfg = self.vllm_config

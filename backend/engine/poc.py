@@ -2,6 +2,8 @@
 
 Engine thread only. Blocks come from the scheduler's own BlockPool, so they are disjoint from every running
 request's blocks and never the null block 0; they go back to the pool before the next engine step.
+Every rank runs the forward (collective_rpc answers one result per rank, in rank order); only the last pipeline
+stage has the artifacts, so the first answer that is not None is taken: the first TP rank of the last stage.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import structlog
 
 from backend.engine import compat
+from common.config import SettingsError
 from poc.errors import PocInputError
 from poc.spec import ArtifactJob
 
@@ -20,14 +23,15 @@ class NoFreeBlocks(Exception):
 
 
 class PocRunner:
-    def __init__(self, core, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, core, max_num_seqs: int, max_batch_tokens: int) -> None:
         self._core = core
         self._pool = compat.block_pool(core)
         self.block_size = compat.block_size(core)
         self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_batch_tokens = max_batch_tokens
         self.max_model_len = int(core.vllm_config.model_config.max_model_len)
         self.hidden_size = int(core.collective_rpc("poc_hidden_size")[0])
+        self.layer_ranges = _layer_ranges(core.collective_rpc("poc_layer_range"), core.vllm_config)
         self.num_nonces = 0
 
     def check(self, job: ArtifactJob) -> None:
@@ -37,7 +41,7 @@ class PocRunner:
             raise PocInputError("nonces", "nonces must not be empty")
         if not 0 < spec.k_dim <= self.hidden_size:
             raise PocInputError("k_dim", f"k_dim must be in [1, {self.hidden_size}], got {spec.k_dim}")
-        limit = min(self.max_model_len, self.max_num_batched_tokens)
+        limit = min(self.max_model_len, self.max_batch_tokens)
         if not 0 < spec.seq_len <= limit:
             raise PocInputError("seq_len", f"seq_len must be in [1, {limit}] on this engine, got {spec.seq_len}")
         if self.blocks_per_seq(spec.seq_len) > self._pool.num_gpu_blocks - 1:
@@ -47,9 +51,11 @@ class PocRunner:
         return -(-seq_len // self.block_size)
 
     def max_batch(self, seq_len: int) -> int:
-        """Sequences per forward: ≤ max_num_seqs and ≤ max_num_batched_tokens (activation memory was profiled
-        for that many tokens; the rest of device memory went to the KV cache)."""
-        return max(1, min(self.max_num_seqs, self.max_num_batched_tokens // seq_len))
+        """Sequences per forward: ≤ max_num_seqs (the attention metadata builders size for it) and ≤
+        max_batch_tokens, itself ≤ the engine's max_num_batched_tokens: vLLM's profile, its kernels' shared
+        workspace (fused MoE's above all: locked after warm-up, and captured CUDA graphs hold its address) and
+        the activation memory left beside the KV cache are all sized for that many tokens."""
+        return max(1, min(self.max_num_seqs, self.max_batch_tokens // seq_len))
 
     def run(self, job: ArtifactJob, nonces: list[int]) -> tuple[list[tuple[int, str]], int]:
         """One forward over `nonces` (already ≤ max_batch); shrinks to what the free blocks allow.
@@ -66,10 +72,20 @@ class PocRunner:
         try:
             block_ids = [b.block_id for b in blocks]
             assert 0 not in block_ids, "the null block must never be leased"
-            result = self._core.collective_rpc(
+            results = self._core.collective_rpc(
                 "poc_artifacts", args=(block_ids, spec.block_hash, spec.public_key, list(nonces), spec.seq_len,
-                                       spec.k_dim, spec.stronger_rng))[0]
+                                       spec.k_dim, spec.stronger_rng))
+            result = next(r for r in results if r is not None)
         finally:
             self._pool.free_blocks(blocks)
         self.num_nonces += len(nonces)
         return [(int(n), str(v)) for n, v in result], len(nonces)
+
+
+def _layer_ranges(ranges: list[tuple[int, int] | None], vllm_config) -> list[tuple[int, int]]:
+    """Each rank's [start, end) decoder layers; SettingsError (a start error) if the model has no layer list."""
+    if any(r is None for r in ranges):
+        archs = ", ".join(vllm_config.model_config.architectures or ["?"])
+        raise SettingsError(f"--model / POCSERVE_MODEL: {archs} has no decoder layer list (model.model.layers, "
+                            "model.transformer.h or model.layers), so PoC cannot apply its per-layer transforms")
+    return [(int(r[0]), int(r[1])) for r in ranges if r is not None]

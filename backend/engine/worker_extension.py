@@ -1,8 +1,16 @@
 """The single worker-extension class vLLM mixes into its Worker: PoC forward + enforced sampling."""
 
+from typing import Any
+
+from backend.engine import compat
 from poc.worker import PocWorkerExtension
 from sampling.enforced import EnforcedSamplingExtension
 
 
 class WorkerExtension(PocWorkerExtension, EnforcedSamplingExtension):
-    pass
+    model_runner: Any
+
+    def prepare_pipeline_stage(self) -> bool:
+        """Called once after the engine is built, on every rank (see compat.ensure_pipeline_buffers)."""
+        return compat.ensure_pipeline_buffers(self.model_runner)
+

@@ -1,0 +1,119 @@
+"""Pipeline and tensor parallel on the CPU engine: PoC artifacts, validation and greedy chat of PP=2, TP=2 and
+TP=2 x PP=2 backends against the shared PP=TP=1 stack, with nothing set by hand but the sizes.
+
+One backend per topology, one at a time (a module fixture parametrized by topology). On a PP backend every
+stage runs the PoC forward and hands its hidden states on as a chat step does; the last stage's artifacts come
+back. TP=2 x PP=2 has four ranks: on a machine with fewer cores the test shares cores between them through
+VLLM_CPU_OMP_THREADS_BIND, which the backend keeps when it is set.
+
+The start errors for sizes that cannot work are in test_parallel_start.py.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.integration.pow_util import Server, artifacts_of, generate, l2, validation
+
+pytestmark = pytest.mark.slow
+
+NONCES = list(range(16))
+SEQ_LEN = 32
+MAX_L2 = 0.02
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": 32,
+        "temperature": 0.0, "ignore_eos": True, "logprobs": True}
+CPUS = sorted(os.sched_getaffinity(0))
+TOPOLOGIES = {
+    "pp2": ("--pipeline-parallel-size", "2"),
+    "tp2": ("--tensor-parallel-size", "2"),
+    "tp2xpp2": ("--tensor-parallel-size", "2", "--pipeline-parallel-size", "2"),
+}
+
+
+def _pow(base_url: str) -> str:
+    return f"{base_url}/api/v1/pow"
+
+
+def _greedy_tokens(base_url: str) -> list[str]:
+    """The token ids (logprob token strings in the default ids format) of a greedy chat."""
+    r = httpx.post(f"{base_url}/v1/chat/completions", json=CHAT, timeout=120)
+    assert r.status_code == 200, r.text
+    return [p["token"] for p in r.json()["choices"][0]["logprobs"]["content"]]
+
+
+@pytest.fixture(scope="module")
+def reference(stack) -> tuple[dict[int, str], list[str]]:
+    """The PP=TP=1 stack's artifacts and greedy chat tokens."""
+    return artifacts_of(_pow(stack.base_url), NONCES, seq_len=SEQ_LEN), _greedy_tokens(stack.base_url)
+
+
+@pytest.fixture(scope="module", params=list(TOPOLOGIES))
+def parallel(request, model_dir, tmp_path_factory) -> Iterator[tuple[str, Server]]:
+    name = request.param
+    if len(CPUS) < 2:
+        pytest.skip("needs two cores")
+    saved = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    if name == "tp2xpp2" and len(CPUS) < 4:  # four ranks over two cores; the backend keeps a binding it is given
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(c) for c in CPUS[:2] * 2)
+    try:
+        server = Server.start(model_dir, tmp_path_factory.mktemp(name), *TOPOLOGIES[name], "--max-model-len", "512")
+    finally:
+        if saved is None:
+            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+        else:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = saved
+    try:
+        yield name, server
+    finally:
+        server.stop()
+
+
+def test_parallel_artifacts_match_single_rank(parallel, reference, record_property):
+    name, server = parallel
+    expected, _ = reference
+    got = artifacts_of(_pow(server.base_url), NONCES, seq_len=SEQ_LEN)
+    assert got.keys() == expected.keys(), "the same nonces must survive the NaN filter on both"
+    distances = [l2(got[n], expected[n]) for n in sorted(expected)]
+    print(f"{name} vs PP=TP=1, {len(distances)} nonces at seq_len {SEQ_LEN}: max L2 {max(distances):.5f} "
+          f"mean {np.mean(distances):.5f}")
+    record_property(f"{name}_max_l2", max(distances))
+    assert max(distances) < MAX_L2
+
+
+def test_parallel_validation_accepts_single_rank_artifacts(parallel, reference):
+    _, server = parallel
+    expected, _ = reference
+    r = generate(_pow(server.base_url), NONCES, seq_len=SEQ_LEN, validation=validation(expected))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert (body["status"], body["n_total"], body["n_mismatch"], body["fraud_detected"]) == (
+        "completed", len(NONCES), 0, False), body
+
+
+def test_parallel_greedy_chat_matches_single_rank(parallel, reference):
+    _, server = parallel
+    _, expected = reference
+    assert _greedy_tokens(server.base_url) == expected
+
+
+def test_parallel_greedy_chat_beside_poc_matches_single_rank(parallel, reference):
+    """PoC forwards interleaved with the chat's steps (a job competes with chat): on a PP backend they pass
+    through the same stage-to-stage links as the chat batches in flight, and must not disturb them."""
+    _, server = parallel
+    expected_artifacts, expected_tokens = reference
+    tokens: list[list[str]] = []
+    chat = threading.Thread(target=lambda: tokens.append(_greedy_tokens(server.base_url)))
+    chat.start()
+    try:
+        got = artifacts_of(_pow(server.base_url), NONCES, seq_len=SEQ_LEN)
+    finally:
+        chat.join(120)
+    assert tokens == [expected_tokens]
+    assert max(l2(got[n], expected_artifacts[n]) for n in expected_artifacts) < MAX_L2
+

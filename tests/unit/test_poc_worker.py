@@ -1,0 +1,70 @@
+"""The worker side's layer hooks on a pipeline stage: only the stage's own layers, with global layer indices."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from torch import nn
+
+from poc.errors import PocInputError
+from poc.transforms import reflect_torch
+from poc.worker import PocWorkerExtension, own_layers, reflection_hooks
+
+HIDDEN = 8
+
+
+class Layer(nn.Module):
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return hidden, residual
+
+
+class PPMissingLayer(nn.Identity):
+    """Named like vLLM's placeholder for another stage's layer."""
+
+
+def _stage(num_layers: int, start: int, end: int) -> nn.Module:
+    """A vLLM-shaped model on one pipeline stage: model.model.layers holds every layer index, placeholders for
+    the layers of other stages, and start_layer/end_layer say which are this stage's."""
+    inner = nn.Module()
+    inner.layers = nn.ModuleList([Layer() if start <= i < end else PPMissingLayer() for i in range(num_layers)])
+    inner.start_layer, inner.end_layer = start, end
+    model = nn.Module()
+    model.model = inner
+    return model
+
+
+def test_poc_worker_own_layers_are_the_stage_range():
+    assert own_layers(_stage(6, 2, 4)) == range(2, 4)
+    single = _stage(3, 0, 3)
+    del single.model.start_layer, single.model.end_layer  # a model without pipeline attributes: all its layers
+    assert own_layers(single) == range(0, 3)
+
+
+def test_poc_worker_hooks_only_own_layers_with_global_vectors():
+    model = _stage(6, 2, 4)
+    vectors = torch.nn.functional.normalize(torch.randn(6, HIDDEN), dim=-1)
+    hidden, residual = torch.randn(3, HIDDEN), torch.randn(3, HIDDEN)
+    with reflection_hooks(model, vectors):
+        hooked = [i for i, layer in enumerate(model.model.layers) if layer._forward_hooks]
+        out = model.model.layers[3](hidden, residual)
+    assert hooked == [2, 3]
+    assert torch.allclose(out[0], reflect_torch(hidden, vectors[3]))
+    assert torch.allclose(out[1], reflect_torch(residual, vectors[3]))
+    assert not any(layer._forward_hooks for layer in model.model.layers)
+
+
+def test_poc_worker_layer_range_is_none_without_a_layer_list():
+    no_list = nn.Module()
+    no_list.model = nn.Module()
+    no_list.model.decoder = nn.Module()  # OPT's shape: model.decoder.layers
+    no_list.model.decoder.layers = nn.ModuleList([Layer()])
+    worker = PocWorkerExtension()
+    worker.model_runner = types.SimpleNamespace(get_model=lambda: no_list)
+    assert worker.poc_layer_range() is None
+    with pytest.raises(PocInputError):
+        own_layers(no_list)
+    stage = _stage(4, 2, 4)
+    worker.model_runner = types.SimpleNamespace(get_model=lambda: stage)
+    assert worker.poc_layer_range() == (2, 4)
