@@ -17,8 +17,9 @@ Engine process (`python -m backend`, backend/__main__.py):
 - pow-stop-flush thread (pow/service.py): one per /stop, waits for the bounded callback flush, then replies.
 
 Processor process (processor/, spawned by the engine process, gone with it):
-- its main thread: the link to the engine process; vLLM's InputProcessor (checks, engine requests) and
-  OutputProcessor (detokenizer, stop strings, logprobs), and our delta shape (processor/main.py).
+- its main thread: the link to the engine process; vLLM's InputProcessor (checks, engine requests, n > 1 fan-out),
+  OutputProcessor (detokenizer, stop strings, logprobs), tool and reasoning parsers, and our delta shape
+  (processor/main.py); it also answers /tokenize and /detokenize.
 - tokenize thread: tokenizes prompts of over 64k characters so the deltas of others never wait for them.
 
 Subpackages follow that ownership: transport/ (io thread), engine/ (vLLM, engine thread), pow/ (the PoC API),

@@ -133,10 +133,13 @@ def serve(settings: BackendSettings) -> int:
     processor = start_processor(settings, f"ipc://{link_dir}/link.ipc")
 
     from backend.engine.adapter import Engine
+    from backend.processor.parsing import check_parser_names
 
-    loop = None
+    engine = loop = None
     try:
-        loop = build_loop(settings, Engine(settings), server, inbox, control, store, processor)
+        check_parser_names(settings.tool_call_parser, settings.reasoning_parser)  # vLLM's registries, so not earlier
+        engine = Engine(settings)
+        loop = build_loop(settings, engine, server, inbox, control, store, processor)
 
         def stop(signum, _frame) -> None:
             log.info("shutdown_requested", signal=signal.Signals(signum).name)
@@ -160,6 +163,8 @@ def serve(settings: BackendSettings) -> int:
         if loop is not None:
             loop.pow.callbacks.close()  # before the store: acknowledged rows must still be deleted
         store.close()
+        if engine is not None:
+            engine.core.shutdown()  # TP/PP workers are processes of their own: stop them, never leave them behind
         _remove_dir(link_dir)
 
 

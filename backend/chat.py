@@ -20,7 +20,15 @@ from backend.transport.peers import FrontendLost
 from backend.transport.server import LINK
 from protocol.common import ErrorInfo
 from protocol.generate import AbortRequest, GenerateErrorReply, GenerateRequest
-from protocol.processor import ForgetRequest, PrepareFailed, PrepareRequest, ProcessorReady, StopStringsHit
+from protocol.processor import (
+    ForgetRequest,
+    PrepareFailed,
+    PrepareRequest,
+    ProcessorReady,
+    StopStringsHit,
+    TokenizeJob,
+)
+from protocol.tokenize import DetokenizeReply, DetokenizeRequest, TokenizeReply, TokenizeRequest
 
 log = structlog.get_logger(__name__)
 
@@ -58,7 +66,8 @@ class ChatRequests:
     def handlers(self) -> dict[type, Callable]:
         return {GenerateRequest: self.on_generate, AbortRequest: self.on_abort, FrontendLost: self.on_frontend_lost,
                 PreparedRequests: self.on_prepared, PrepareFailed: self.on_prepare_failed,
-                StopStringsHit: self.on_stop_strings, ProcessorReady: self.on_processor_ready}
+                StopStringsHit: self.on_stop_strings, ProcessorReady: self.on_processor_ready,
+                TokenizeRequest: self.on_tokenize, DetokenizeRequest: self.on_tokenize}
 
     def has_work(self) -> bool:
         return self._engine.has_work()
@@ -167,12 +176,21 @@ class ChatRequests:
             self._send(owner.identity, GenerateErrorReply(rid=owner.rid, error=msg.error))
 
     def on_stop_strings(self, _identity: bytes, msg: StopStringsHit) -> None:
-        """The processor sent these requests' final deltas already: stop them in the engine, no reply."""
-        owned = [self.owners.pop(r) for r in msg.engine_rids if r in self.owners]
-        internal_ids = [i for owner in owned for i in owner.internal_ids]
-        for i in internal_ids:
-            self._by_internal.pop(i, None)
+        """The processor sent these choices' final deltas already: stop them in the engine, no reply (the other
+        choices of the same request run on)."""
+        internal_ids = [i for i in msg.internal_ids if i in self._by_internal]
+        for internal_id in internal_ids:
+            self._finished(internal_id)
         self._engine.abort(internal_ids)
+
+    def on_tokenize(self, identity: bytes, msg: TokenizeRequest | DetokenizeRequest) -> None:
+        """/tokenize and /detokenize: the processor holds the tokenizer and answers the frontend itself."""
+        if not self.is_ready:
+            error = _NOT_READY_ERROR.info()
+            reply = TokenizeReply if isinstance(msg, TokenizeRequest) else DetokenizeReply
+            self._send(identity, reply(rid=msg.rid, error=error))
+            return
+        self._send(LINK, TokenizeJob(identity=identity, request=msg))
 
     def on_abort(self, identity: bytes, msg: AbortRequest) -> None:
         if num := self.abort([f"{identity.hex()}-{rid}" for rid in msg.rids]):

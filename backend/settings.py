@@ -39,12 +39,24 @@ class BackendSettings:
     generate_model: str = setting("POCSERVE_GENERATE_MODEL", "tiny",
                                   "generate the seeded model into --model if missing: tiny, qwen3-0.6b or none",
                                   choices=("tiny", "qwen3-0.6b", "none"))
-    max_model_len: int = setting("POCSERVE_MAX_MODEL_LEN", 2048, "max prompt + output tokens")
+    max_model_len: int = setting("POCSERVE_MAX_MODEL_LEN", 0,
+                                 "max prompt + output tokens (0 = the model's own context)")
     max_num_seqs: int = setting("POCSERVE_MAX_NUM_SEQS", 64, "max sequences per engine step")
-    max_num_batched_tokens: int = setting("POCSERVE_MAX_NUM_BATCHED_TOKENS", 4096, "max tokens per engine step")
+    max_num_batched_tokens: int = setting("POCSERVE_MAX_NUM_BATCHED_TOKENS", 0,
+                                          "max tokens per engine step (0 = --poc-max-batch-tokens, so vLLM's "
+                                          "memory profile covers the largest PoC forward)")
+    poc_max_batch_tokens: int = setting("POCSERVE_POC_MAX_BATCH_TOKENS", 32768,
+                                        "most sequences x seq_len in one PoC forward (default: the network's batch "
+                                        "32 x seq_len 1024); at most --max-num-batched-tokens")
     gpu_memory_utilization: float = setting("POCSERVE_GPU_MEMORY_UTILIZATION", 0.3,
                                             "fraction of device memory (of RAM on CPU) vLLM may reserve")
     dtype: str = setting("POCSERVE_DTYPE", "auto", "model dtype (auto = the checkpoint's)")
+    kv_cache_dtype: str = setting("POCSERVE_KV_CACHE_DTYPE", "auto",
+                                  "KV cache dtype, as vLLM's --kv-cache-dtype (auto = the model dtype); PoC forwards "
+                                  "use the same cache")
+    quantization: str = setting("POCSERVE_QUANTIZATION", "",
+                                "weight quantization method, as vLLM's --quantization (empty: what the checkpoint "
+                                "declares)")
     block_size: int = setting("POCSERVE_BLOCK_SIZE", 0, "KV block size (0 = the backend's default)")
     tensor_parallel_size: int = setting("POCSERVE_TENSOR_PARALLEL_SIZE", 1, "tensor-parallel ranks")
     pipeline_parallel_size: int = setting("POCSERVE_PIPELINE_PARALLEL_SIZE", 1,
@@ -60,6 +72,15 @@ class BackendSettings:
                                       "mode)")
     json_whitespace: bool = setting("POCSERVE_JSON_WHITESPACE", True,
                                     "let structured JSON output contain free whitespace (off: compact JSON)")
+    tool_call_parser: str = setting("POCSERVE_TOOL_CALL_PARSER", "hermes",
+                                    "vLLM tool parser that reads tool calls from chat output, as vLLM's "
+                                    "--tool-call-parser (hermes: Qwen3's format; empty: no tool calls)")
+    enable_auto_tool_choice: bool = setting("POCSERVE_ENABLE_AUTO_TOOL_CHOICE", True,
+                                            "let the model decide when to call tools (tool_choice auto), as vLLM's "
+                                            "--enable-auto-tool-choice; needs --tool-call-parser")
+    reasoning_parser: str = setting("POCSERVE_REASONING_PARSER", "",
+                                    "vLLM reasoning parser that splits reasoning_content from the content, as "
+                                    "vLLM's --reasoning-parser (e.g. qwen3, deepseek_r1; empty: none)")
     scheduling_mode: str = setting("POCSERVE_SCHEDULING_MODE", "exclusive",
                                    "exclusive: chat answers 503 while mining (the network's expectation); shared: "
                                    "chat keeps running", choices=("exclusive", "shared"))
@@ -106,7 +127,10 @@ def _check(s: BackendSettings) -> None:
     if s.curve_server_secret_key_file is not None and scheme == "inproc":
         # inproc has no ZMTP handshake, so CURVE would silently do nothing there.
         raise SettingsError("--address / POCSERVE_BACKEND_ADDRESS: CURVE needs an ipc:// or tcp:// address")
-    for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
+    for name in ("max_model_len", "max_num_batched_tokens"):
+        if getattr(s, name) < 0:
+            raise SettingsError(f"--{name.replace('_', '-')} must be >= 0 (0 = the default)")
+    for name in ("max_num_seqs", "poc_max_batch_tokens", "tensor_parallel_size",
                  "pipeline_parallel_size", "batch_size_default", "max_queued_nonces", "callback_max_retries",
                  "callback_max_concurrent", "callback_queue_size"):
         if getattr(s, name) <= 0:
@@ -120,6 +144,9 @@ def _check(s: BackendSettings) -> None:
     for name in ("result_ttl_s", "callback_interval_s", "stop_flush_timeout_s"):
         if getattr(s, name) < 0:
             raise SettingsError(f"--{name.replace('_', '-')} must be >= 0")
+    if s.enable_auto_tool_choice and not s.tool_call_parser:
+        raise SettingsError("--enable-auto-tool-choice / POCSERVE_ENABLE_AUTO_TOOL_CHOICE needs --tool-call-parser "
+                            "/ POCSERVE_TOOL_CALL_PARSER (or --no-enable-auto-tool-choice)")
     if s.frontend_timeout_s != 0 and not s.frontend_timeout_s >= MIN_FRONTEND_TIMEOUT_S:
         raise SettingsError(f"--frontend-timeout-s / POCSERVE_FRONTEND_TIMEOUT_S must be 0 (off) or at least "
                             f"{MIN_FRONTEND_TIMEOUT_S:g} s (two of the frontends' default 0.5 s ping periods)")

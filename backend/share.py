@@ -4,7 +4,8 @@ After each engine step that ran while PoC work waited, PoC earns step time × (1
 credit; each PoC forward that ran while chat waited spends its own time. So over any stretch where both have
 work, chat gets `share` of the device however long steps and forwards take, and a misjudged forward size only
 moves the next one. Credit is capped at two steps' worth, or at two of the smallest efficient forwards if that is
-more (forwards that are mostly overhead would waste PoC's share), so PoC cannot bank a burst while chat is heavy; it is dropped whenever the competition ends (chat idle: PoC runs freely; PoC idle: nothing is owed).
+more (forwards that are mostly overhead would waste PoC's share), so PoC cannot bank a burst while chat is heavy;
+it is dropped whenever the competition ends (chat idle: PoC runs freely; PoC idle: nothing is owed).
 share 1: PoC only runs when chat is idle. share 0: chat only steps when PoC is idle (or waits for KV blocks).
 Engine thread only.
 """

@@ -5,15 +5,15 @@ from __future__ import annotations
 import time
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from frontend.backend_client import BackendClient
 from frontend.convert import TokenFormat
 from frontend.errors import error_response, install_error_handlers
 from frontend.metrics import FrontendMetrics
 from frontend.openapi import install_openapi
-from frontend.routes import health, openai
-from frontend.routes.pow import make_pow_router
+from frontend.routes import health, openai, tokenize
+from frontend.routes.pow import bearer_guard, make_pow_router
 from frontend.settings import FrontendSettings
 
 
@@ -113,7 +113,9 @@ def create_app(settings: FrontendSettings) -> FastAPI:
     app = FastAPI(title="pocserve", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
     install_openapi(app)
-    app.include_router(openai.router)
+    # The OpenAI routes take vLLM's --api-key (as vLLM does, every /v1 route); the PoC routes have their own token.
+    app.include_router(openai.router, dependencies=[Depends(bearer_guard(settings.api_key, "/v1"))])
+    app.include_router(tokenize.router)
     app.include_router(health.router)
     app.include_router(make_pow_router(settings))
 

@@ -34,6 +34,7 @@ from protocol.generate import (
 )
 from protocol.poc import PocArtifactsReply
 from protocol.pow import PowJobReply, PowStatusReply
+from protocol.tokenize import DetokenizeReply, TokenizeReply
 from protocol.version import PROTOCOL_VERSION
 
 log = structlog.get_logger(__name__)
@@ -137,17 +138,21 @@ class BackendClient:
         return f"{self._rid_prefix}-{next(self._rids)}"
 
     async def generate(self, req: GenerateRequest) -> AsyncGenerator[Delta, None]:
-        """Yields deltas until the finishing one; aborts in the backend if the caller stops early."""
+        """Yields deltas until each choice has had its finishing one; aborts in the backend if the caller stops
+        early."""
         await self._ensure_alive()
         q: asyncio.Queue = asyncio.Queue()
         self._streams[req.rid] = q
+        num_running = req.sampling.n
         finished = False
         try:
             await self._send(req)
             while True:
                 item = await q.get()
                 if isinstance(item, Delta):
-                    finished = item.finish_reason is not None
+                    if item.finish_reason is not None:
+                        num_running -= 1
+                    finished = num_running == 0
                     yield item
                     if finished:
                         return
@@ -302,7 +307,8 @@ class BackendClient:
             case GenerateErrorReply(rid=rid, error=error):
                 if (q := self._streams.get(rid)) is not None:
                     q.put_nowait(error)
-            case PocArtifactsReply(rid=rid) | PowJobReply(rid=rid) | PowStatusReply(rid=rid):
+            case (PocArtifactsReply(rid=rid) | PowJobReply(rid=rid) | PowStatusReply(rid=rid) | TokenizeReply(rid=rid)
+                  | DetokenizeReply(rid=rid)):
                 fut = self._calls.get(rid)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)

@@ -6,7 +6,16 @@ import json
 from typing import cast
 
 from frontend.errors import ApiError
-from frontend.openai_models import ChatCompletionRequest, CompletionRequest
+from frontend.openai_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    Message,
+    NamedToolChoice,
+    TokenizeRequest,
+    ToolParam,
+)
+from protocol import tokenize
 from protocol.generate import (
     ChatMessage,
     Delta,
@@ -15,12 +24,15 @@ from protocol.generate import (
     ResponseFormat,
     SamplingSpec,
     TokenLogprob,
+    ToolCall,
+    ToolCallDelta,
+    ToolSpec,
 )
 
 
 def _spec(body, max_tokens: int | None, logprobs: int | None) -> SamplingSpec:
     return SamplingSpec(
-        max_tokens=max_tokens, min_tokens=body.min_tokens,
+        n=body.n, max_tokens=max_tokens, min_tokens=body.min_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0,
         min_p=body.min_p or 0.0, presence_penalty=body.presence_penalty,
@@ -46,8 +58,48 @@ def chat_request(rid: str, body: ChatCompletionRequest) -> GenerateRequest:
     elif body.enforced_tokens is not None:
         spec.enforced_tokens = [EnforcedToken(token=t.token, top_tokens=list(t.top_tokens))
                                 for t in body.enforced_tokens.tokens]
-    messages = [ChatMessage(role=m.role, content=m.text(), name=m.name) for m in body.messages]
-    return GenerateRequest(rid=rid, sampling=spec, messages=messages, stream=body.stream)
+    choice = body.tool_choice
+    return GenerateRequest(
+        rid=rid, sampling=spec, messages=messages(body.messages), stream=body.stream, tools=tools(body.tools),
+        tool_choice=None if isinstance(choice, NamedToolChoice) else choice,
+        named_tool=choice.function.name if isinstance(choice, NamedToolChoice) else None,
+        parallel_tool_calls=body.parallel_tool_calls is not False)
+
+
+def messages(body_messages: list[Message]) -> list[ChatMessage]:
+    out = []
+    for m in body_messages:
+        calls = [ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments)
+                 for c in m.tool_calls] if m.tool_calls else None
+        reasoning = m.reasoning if m.reasoning is not None else m.reasoning_content
+        out.append(ChatMessage(role=m.role, content=m.text(), name=m.name, tool_calls=calls,
+                               tool_call_id=m.tool_call_id, reasoning=reasoning))
+    return out
+
+
+def tools(body_tools: list[ToolParam] | None) -> list[ToolSpec] | None:
+    if body_tools is None:
+        return None
+    return [ToolSpec(name=t.function.name, description=t.function.description,
+                     parameters=json.dumps(t.function.parameters) if t.function.parameters is not None else "",
+                     strict=t.function.strict) for t in body_tools]
+
+
+def tokenize_request(rid: str, body: TokenizeRequest) -> tokenize.TokenizeRequest:
+    if (body.prompt is None) == (body.messages is None):
+        raise ApiError(400, "give exactly one of `prompt` and `messages`", param="prompt")
+    if body.messages is not None and body.add_generation_prompt and body.continue_final_message:
+        raise ApiError(400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                       param="continue_final_message")
+    add_special = body.add_special_tokens if body.add_special_tokens is not None else body.messages is None
+    return tokenize.TokenizeRequest(
+        rid=rid, prompt=body.prompt, messages=messages(body.messages) if body.messages is not None else None,
+        tools=tools(body.tools), add_special_tokens=add_special, add_generation_prompt=body.add_generation_prompt,
+        continue_final_message=body.continue_final_message, return_token_strs=bool(body.return_token_strs))
+
+
+def detokenize_request(rid: str, body: DetokenizeRequest) -> tokenize.DetokenizeRequest:
+    return tokenize.DetokenizeRequest(rid=rid, tokens=list(body.tokens))
 
 
 def completion_request(rid: str, body: CompletionRequest) -> GenerateRequest:
@@ -89,18 +141,36 @@ class TokenFormat:
                 "text_offset": offsets}
 
 
-def usage(last: Delta) -> dict:
-    return {"prompt_tokens": last.num_prompt_tokens, "completion_tokens": last.num_generated_tokens,
-            "total_tokens": last.num_prompt_tokens + last.num_generated_tokens}
+def usage(num_prompt_tokens: int, num_completion_tokens: int) -> dict:
+    return {"prompt_tokens": num_prompt_tokens, "completion_tokens": num_completion_tokens,
+            "total_tokens": num_prompt_tokens + num_completion_tokens}
+
+
+def choices_usage(choices: list[Delta]) -> dict:
+    """Usage of a whole request: its prompt once, the tokens of every choice."""
+    return usage(choices[0].num_prompt_tokens, sum(d.num_generated_tokens for d in choices))
 
 
 def merge(deltas: list[Delta]) -> Delta:
-    """Joins the deltas of one request (non-streaming answers are built from the merged delta)."""
+    """Joins the deltas of one choice (non-streaming answers are built from the merged deltas)."""
     last = deltas[-1]
     logprobs = None
     if any(d.logprobs is not None for d in deltas):
         logprobs = [lp for d in deltas for lp in (d.logprobs or [])]
+    reasoning = None
+    if any(d.reasoning is not None for d in deltas):
+        reasoning = "".join(d.reasoning or "" for d in deltas)
+    calls: list[ToolCallDelta] = [c for d in deltas for c in (d.tool_calls or [])]
     return Delta(rid=last.rid, text="".join(d.text for d in deltas),
                  token_ids=[t for d in deltas for t in d.token_ids], logprobs=logprobs,
                  finish_reason=last.finish_reason, stop_reason=last.stop_reason,
-                 num_prompt_tokens=last.num_prompt_tokens, num_generated_tokens=last.num_generated_tokens)
+                 num_prompt_tokens=last.num_prompt_tokens, num_generated_tokens=last.num_generated_tokens,
+                 index=last.index, reasoning=reasoning, tool_calls=calls or None)
+
+
+def merge_choices(deltas: list[Delta]) -> list[Delta]:
+    """The deltas of one request, merged per choice, in choice order."""
+    by_index: dict[int, list[Delta]] = {}
+    for d in deltas:
+        by_index.setdefault(d.index, []).append(d)
+    return [merge(by_index[i]) for i in sorted(by_index)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from frontend.fields import Text
 
@@ -24,10 +24,33 @@ class ContentPart(_Strict):
     text: Text
 
 
+class FunctionCall(_Strict):
+    name: Text
+    # JSON-encoded, as OpenAI carries them.
+    arguments: Text
+
+
+class ToolCallParam(_Strict):
+    id: Text
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(_Strict):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: Text | list[ContentPart] | None = None
     name: Text | None = None
+    # An assistant turn's function calls, and a tool turn's answer to one (agent loops send both back).
+    tool_calls: list[ToolCallParam] | None = None
+    tool_call_id: Text | None = None
+    # An assistant turn's reasoning, as vllm serve returned it (either name).
+    reasoning_content: Text | None = None
+    reasoning: Text | None = None
+    # What the openai client sends back when a response message object is appended to the history as is.
+    refusal: Text | None = None
+    annotations: list[dict[str, Any]] | None = None
+    audio: dict[str, Any] | None = None
+    function_call: dict[str, Any] | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -35,6 +58,28 @@ class Message(_Strict):
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text for p in self.content)
+
+
+class FunctionDefinition(_Strict):
+    name: Text = Field(min_length=1)
+    description: Text | None = None
+    # The JSON schema of the arguments (checked as a schema by the backend).
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolParam(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: Text
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"] = "function"
+    function: NamedFunction
 
 
 class JsonSchemaSpec(_Strict):
@@ -65,7 +110,8 @@ class EnforcedTokens(_Strict):
 
 class _Sampling(_Strict):
     model: Text
-    n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
+    # Bounded by the backend's --max-num-seqs (a 400 naming `n` beyond it).
+    n: int = Field(1, ge=1, le=INT64_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -106,6 +152,31 @@ class ChatCompletionRequest(_Sampling):
     response_format: ResponseFormat | None = None
     enforced_tokens: EnforcedTokens | None = None
     enforced_str: Text | None = None
+    tools: list[ToolParam] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _some_tools(cls, v: list[ToolParam] | None) -> list[ToolParam] | None:
+        if v is not None and not v:
+            raise ValueError("must not be an empty array; give at least one tool or leave the field out")
+        names = [t.function.name for t in v or ()]
+        if len(set(names)) != len(names):
+            raise ValueError("function names must be unique")
+        return v
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_matches_tools(cls, v, info: ValidationInfo):
+        if v is None or v == "none":
+            return v
+        tools = info.data.get("tools")
+        if not tools:
+            raise ValueError("needs `tools` (only \"none\" goes without them)")
+        if isinstance(v, NamedToolChoice) and v.function.name not in {t.function.name for t in tools}:
+            raise ValueError(f"names the function {v.function.name!r}, which is not in `tools`")
+        return v
 
 
 class CompletionRequest(_Sampling):
@@ -123,3 +194,22 @@ class CompletionRequest(_Sampling):
                 raise ValueError("exactly one prompt is supported")
             return v[0]
         return v
+
+
+class TokenizeRequest(_Strict):
+    """vllm serve's /tokenize: a prompt, or chat messages rendered with the chat template (exactly one)."""
+
+    model: Text | None = None
+    prompt: Text | None = None
+    messages: list[Message] | None = None
+    tools: list[ToolParam] | None = None
+    # vllm serve's defaults: True for a prompt, False for messages (the chat template adds what the model needs).
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    return_token_strs: bool | None = False
+
+
+class DetokenizeRequest(_Strict):
+    model: Text | None = None
+    tokens: list[TokenId]

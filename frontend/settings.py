@@ -32,6 +32,8 @@ class FrontendSettings:
     logprob_token_format: str = setting("POCSERVE_LOGPROB_TOKEN_FORMAT", "ids",
                                         "logprob token strings: ids (the Gonka network's format) or text (OpenAI's)",
                                         choices=("ids", "text"))
+    api_key: str = setting("POCSERVE_API_KEY", "",
+                           "bearer token required on /v1/* (vLLM's --api-key; empty: no token needed)", secret=True)
     pow_api_token: str = setting("POCSERVE_POW_API_TOKEN", "",
                                  "bearer token required on /api/v1/pow/* (empty: no token needed)", secret=True)
     pow_wait_timeout_s: float = setting("POCSERVE_POW_WAIT_TIMEOUT_S", 600.0,

@@ -16,14 +16,16 @@ from protocol.pow import (
     PowStatusRequest,
     PowStopRequest,
 )
+from protocol.tokenize import DetokenizeReply, DetokenizeRequest, TokenizeReply, TokenizeRequest
 
 ToBackend = (
     HelloRequest | PingRequest | GenerateRequest | AbortRequest | PocArtifactsRequest
     | PowInitRequest | PowGenerateRequest | PowJobRequest | PowStatusRequest | PowStopRequest
+    | TokenizeRequest | DetokenizeRequest
 )
 ToFrontend = (
     ReadyReply | PongReply | DeltasEvent | GenerateErrorReply | ErrorReply | DeadEvent | PocArtifactsReply
-    | PowJobReply | PowStatusReply
+    | PowJobReply | PowStatusReply | TokenizeReply | DetokenizeReply
 )
 
 TO_BACKEND_TYPES: tuple[type, ...] = ToBackend.__args__

@@ -12,11 +12,36 @@ import msgspec
 from protocol.common import ErrorInfo
 
 
+class ToolCall(msgspec.Struct, kw_only=True):
+    """A function call an assistant message made (in the history a client sends back)."""
+
+    id: str
+    name: str
+    # The arguments as the client holds them: JSON-encoded (OpenAI's shape).
+    arguments: str
+
+
 class ChatMessage(msgspec.Struct, kw_only=True):
     role: str
-    # Text content; the frontend flattens OpenAI content parts to text before sending.
+    # Text content; the frontend flattens OpenAI content parts to text before sending ("" for none).
     content: str
     name: str | None = None
+    # An assistant message's function calls.
+    tool_calls: list[ToolCall] | None = None
+    # A tool message: the call it answers.
+    tool_call_id: str | None = None
+    # An assistant message's reasoning, for templates that render it (Qwen3's reasoning_content).
+    reasoning: str | None = None
+
+
+class ToolSpec(msgspec.Struct, kw_only=True):
+    """A function the model may call (OpenAI `tools[i].function`)."""
+
+    name: str
+    description: str | None = None
+    # The JSON schema of its parameters, JSON-encoded (the wire has no `Any`); empty: none given.
+    parameters: str = ""
+    strict: bool | None = None
 
 
 class ResponseFormat(msgspec.Struct, kw_only=True):
@@ -32,6 +57,8 @@ class EnforcedToken(msgspec.Struct, kw_only=True):
 
 
 class SamplingSpec(msgspec.Struct, kw_only=True):
+    # Choices to generate from one prompt (vLLM fans them out as separate engine requests).
+    n: int = 1
     # None: up to max_model_len - prompt_len.
     max_tokens: int | None = None
     min_tokens: int = 0
@@ -71,6 +98,14 @@ class GenerateRequest(msgspec.Struct, tag="gen", kw_only=True):
     stream: bool = False
     # Priority class: chat traffic is 0; lower runs first in vLLM's priority scheduling.
     priority: int = 0
+    # Chat only: the functions the model may call, given to the chat template and to the tool parser.
+    tools: list[ToolSpec] | None = None
+    # "none", "auto" or "required"; None: OpenAI's default ("auto" with tools, "none" without).
+    tool_choice: str | None = None
+    # A named tool choice (the model must call this function); tool_choice is then ignored.
+    named_tool: str | None = None
+    # False: at most one tool call per choice.
+    parallel_tool_calls: bool = True
 
 
 class AbortRequest(msgspec.Struct, tag="abort", kw_only=True):
@@ -92,18 +127,37 @@ class TokenLogprob(msgspec.Struct, kw_only=True):
     top: list[TopLogprob] = []
 
 
+class ToolCallDelta(msgspec.Struct, kw_only=True):
+    """A tool call parsed from the output, whole (in a non-streamed answer) or a piece of one (streaming)."""
+
+    # Position of the call in the choice's tool_calls.
+    index: int
+    # Set on a call's first piece (and in a whole call).
+    id: str | None = None
+    name: str | None = None
+    # A fragment of the JSON-encoded arguments when streaming; all of them in a whole call.
+    arguments: str | None = None
+
+
 class Delta(msgspec.Struct, kw_only=True):
     rid: str
+    # With a tool or reasoning parser at work: the content only (no tool-call markup, no reasoning).
     text: str
     token_ids: list[int]
     logprobs: list[TokenLogprob] | None = None
-    # "stop", "length", "abort", "error" once finished; None while running.
+    # "stop", "length", "tool_calls", "abort", "error" once finished; None while running.
     finish_reason: str | None = None
     # The stop string or stop token id that ended the request, if any.
     stop_reason: str | int | None = None
     num_prompt_tokens: int = 0
-    # Cumulative number of generated tokens so far.
+    # Cumulative number of generated tokens so far (of this choice).
     num_generated_tokens: int = 0
+    # The choice this delta belongs to (0 .. n-1).
+    index: int = 0
+    # Reasoning text (a reasoning parser split it from the content); None: none in this delta.
+    reasoning: str | None = None
+    # Tool calls the tool parser found; None: none in this delta.
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class DeltasEvent(msgspec.Struct, tag="deltas", kw_only=True):

@@ -16,6 +16,7 @@ import msgspec
 
 from protocol.common import ErrorInfo
 from protocol.generate import GenerateRequest
+from protocol.tokenize import DetokenizeRequest, TokenizeRequest
 
 # First frame of a batch of encoded messages for frontends (never a msgspec header: those are maps).
 FORWARD = b"fwd"
@@ -28,6 +29,14 @@ class PrepareRequest(msgspec.Struct, tag="p.prepare", kw_only=True):
     # The frontend that sent it: the processor addresses that request's deltas to it.
     identity: bytes
     request: GenerateRequest
+
+
+class TokenizeJob(msgspec.Struct, tag="p.tokenize", kw_only=True):
+    """Engine → processor: answer this /tokenize or /detokenize request (the reply goes to the frontend as a
+    FORWARD frame, like deltas)."""
+
+    identity: bytes
+    request: TokenizeRequest | DetokenizeRequest
 
 
 class EngineOutputs(msgspec.Struct, tag="p.outputs", kw_only=True):
@@ -55,10 +64,10 @@ class PrepareFailed(msgspec.Struct, tag="p.failed", kw_only=True):
 
 
 class StopStringsHit(msgspec.Struct, tag="p.stopped", kw_only=True):
-    """Processor → engine: these requests finished on a stop string (their final delta is sent); the engine
-    aborts them without a reply."""
+    """Processor → engine: these engine requests (vLLM's internal ids: one choice each) finished on a stop string
+    (their final delta is sent); the engine aborts them without a reply."""
 
-    engine_rids: list[str]
+    internal_ids: list[str]
 
 
 class ProcessorReady(msgspec.Struct, tag="p.ready", kw_only=True):
@@ -80,5 +89,5 @@ class ProcessorStats(msgspec.Struct, tag="p.stats", kw_only=True):
     iteration_tokens_count: int
 
 
-ToProcessor = PrepareRequest | EngineOutputs | ForgetRequest
+ToProcessor = PrepareRequest | EngineOutputs | ForgetRequest | TokenizeJob
 FromProcessor = Prepared | PrepareFailed | StopStringsHit | ProcessorReady | ProcessorStats

@@ -5,7 +5,7 @@
 #   bash scripts/gpu_check.sh bench-poc       # PoC forward (0.6B shape) vs bare forward, mining via HTTP vs direct
 #   bash scripts/gpu_check.sh bench-serving   # this stack vs `vllm serve`, same install and model
 #   bash scripts/gpu_check.sh bench-beside    # validation jobs and 16 streaming chats beside a round (0.6B)
-#   bash scripts/gpu_check.sh bench-moe [N]   # the qwen3-235b-a22b shape at N layers (default 2), bf16 and FP8:
+#   bash scripts/gpu_check.sh bench-moe N Q   # the qwen3-235b-a22b shape at N layers (default 1), Q none|fp8:
 #                                             # PoC vs bare forward, chat vs `vllm serve`, first and second start
 #   bash scripts/gpu_check.sh round           # bench-serving then bench-beside (one call's worth)
 # Results go to $OUT (default ./gpu-out).
@@ -53,23 +53,22 @@ case "${1:-tests}" in
   bench-serving) bench_serving ;;
   bench-beside) bench_beside ;;
   round) bench_serving; bench_beside ;;
-  bench-moe)
-    layers=${2:-2}
-    for quant in none fp8; do
-      dir=models/q235-${layers}l-$quant
-      qflag=(); [ "$quant" = fp8 ] && qflag=(--quant fp8)
-      /usr/bin/time -f "generated $dir in %e s" python3 -m backend.tools.modelgen --out "$dir" \
-        --shape qwen3-235b-a22b --num-layers "$layers" "${qflag[@]}" 2>&1 | tail -1 | tee -a "$out/moe-$quant.txt"
-      python3 -m bench.poc_forward --shape qwen3-235b-a22b --num-layers "$layers" "${qflag[@]}" --model-dir "$dir" \
-        --seq-lens 1024 --batches 32 64 --iters 5 --gpu-memory-utilization 0.8 --json "$out/moe-poc-$quant.json" \
-        2>&1 | quiet | grep -E "^L=|^device|Error" | tee -a "$out/moe-$quant.txt"
-      for systems in ours,vllm ours; do  # the second "ours" start finds the compile caches of the first
-        python3 -m bench.serving --shape qwen3-235b-a22b --num-layers "$layers" "${qflag[@]}" --model-dir "$dir" \
-          --systems "$systems" --num-requests 256 --concurrency 32 --max-tokens 128 --max-model-len 2048 \
-          --max-num-seqs 64 --max-num-batched-tokens 8192 --gpu-memory-utilization 0.8 \
-          --json "$out/moe-serving-$quant-${systems/,/-}.json" 2>&1 | quiet | tail -14 | tee -a "$out/moe-$quant.txt"
-      done
-      rm -rf "$dir"
+  bench-moe)  # bench-moe LAYERS none|fp8: one quantization per call (generating the weights takes minutes)
+    layers=${2:-1}; quant=${3:-none}
+    dir=models/q235-${layers}l-$quant
+    qflag=(); [ "$quant" = fp8 ] && qflag=(--quant fp8)
+    started=$(date +%s)
+    python3 -m backend.tools.modelgen --out "$dir" --shape qwen3-235b-a22b --num-layers "$layers" "${qflag[@]}" \
+      2>&1 | tail -1
+    echo "generated $dir in $(( $(date +%s) - started )) s" | tee -a "$out/moe-$quant.txt"
+    python3 -m bench.poc_forward --shape qwen3-235b-a22b --num-layers "$layers" "${qflag[@]}" --model-dir "$dir" \
+      --seq-lens 1024 --batches 32 64 --iters 5 --gpu-memory-utilization 0.8 --json "$out/moe-poc-$quant.json" \
+      2>&1 | quiet | grep -E "^L=|^device|Error" | tee -a "$out/moe-$quant.txt"
+    for systems in ours,vllm ours; do  # the second "ours" start finds the compile caches of the first
+      python3 -m bench.serving --shape qwen3-235b-a22b --num-layers "$layers" "${qflag[@]}" --model-dir "$dir" \
+        --systems "$systems" --num-requests 256 --concurrency 32 --max-tokens 128 --max-model-len 2048 \
+        --max-num-seqs 64 --max-num-batched-tokens 8192 --gpu-memory-utilization 0.8 \
+        --json "$out/moe-serving-$quant-${systems/,/-}.json" 2>&1 | quiet | tail -14 | tee -a "$out/moe-$quant.txt"
     done
     ;;
 esac

@@ -13,13 +13,15 @@ from vllm.v1.engine.output_processor import OutputProcessor
 from backend.engine import compat
 from backend.engine.args import USAGE_CONTEXT, engine_args
 from backend.processor.params import Vocab
+from backend.processor.parsing import ChatParsers
 from backend.processor.prepare import Preparer
 from backend.processor.present import Presenter
+from backend.processor.tokenization import Tokenization
 from backend.settings import BackendSettings
 from protocol.processor import ProcessorReady
 
 
-def build(settings: BackendSettings) -> tuple[Preparer, Presenter, ProcessorReady]:
+def build(settings: BackendSettings) -> tuple[Preparer, Presenter, Tokenization, ProcessorReady]:
     compat.check_version(vllm.__version__)
     config = engine_args(settings).create_engine_config(USAGE_CONTEXT)
     renderer = renderer_from_config(config)
@@ -27,6 +29,9 @@ def build(settings: BackendSettings) -> tuple[Preparer, Presenter, ProcessorRead
     max_model_len = int(config.model_config.max_model_len)
     vocab_size = int(config.model_config.get_vocab_size())
     vocab = Vocab(tokenizer, vocab_size, max_model_len)
-    preparer = Preparer(settings, InputProcessor(config, renderer), vocab, max_model_len)
+    parsers = ChatParsers(settings.tool_call_parser, settings.reasoning_parser, settings.enable_auto_tool_choice,
+                          tokenizer, config.model_config)
+    preparer = Preparer(settings, InputProcessor(config, renderer), vocab, max_model_len, parsers)
     outputs = OutputProcessor(tokenizer, log_stats=True, stream_interval=config.scheduler_config.stream_interval)
-    return preparer, Presenter(outputs, tokenizer), ProcessorReady(pid=os.getpid(), vocab_size=vocab_size)
+    return (preparer, Presenter(outputs, tokenizer), Tokenization(vocab),
+            ProcessorReady(pid=os.getpid(), vocab_size=vocab_size))

@@ -42,9 +42,9 @@ def run_processor(settings: BackendSettings, link_address: str) -> None:
         setproctitle.setproctitle("pocserve-processor")
     except ImportError:
         pass
-    preparer, presenter, ready = build(settings)
+    preparer, presenter, tokenizing, ready = build(settings)
     ctx = zmq.Context()
     link = make_socket(ctx, zmq.PAIR)
     link.connect(link_address)
     structlog.get_logger(__name__).info("processor_ready", pid=os.getpid())
-    Processor(ctx, link, preparer, presenter).run(ready)
+    Processor(ctx, link, preparer, presenter, tokenizing).run(ready)

@@ -5,6 +5,8 @@ without HTTP: chat templates and tokenizing in, detokenizing, stop strings and l
 deltas straight to the frontends (through the engine process's io thread, which forwards them unread). So the
 engine thread only steps the engine, as `vllm serve`'s engine process does, and the two never share a GIL.
 
+It also answers /tokenize and /detokenize (TokenizeJob), sending the reply to the frontend as it sends deltas.
+
 Long prompts are tokenized on a helper thread (the tokenizer takes ~1.3 s per MB and would stall every stream's
 deltas meanwhile); it posts the result back through an inproc socket the loop polls.
 """
@@ -19,7 +21,9 @@ import structlog
 import zmq
 
 from backend.errors import RequestError
+from backend.processor import tokenization
 from backend.processor.link import ProcessorSide
+from backend.processor.tokenization import Tokenization
 from common.sockets import make_socket
 from protocol.codec import backend_codec
 from protocol.common import ErrorInfo
@@ -32,6 +36,7 @@ from protocol.processor import (
     PrepareRequest,
     ProcessorReady,
     StopStringsHit,
+    TokenizeJob,
 )
 
 log = structlog.get_logger(__name__)
@@ -51,12 +56,13 @@ def text_chars(msg: GenerateRequest) -> int:
 class Processor:
     """Serves the link: PrepareRequest → Prepared/PrepareFailed, EngineCoreOutputs → deltas to frontends."""
 
-    def __init__(self, ctx: zmq.Context, link: zmq.Socket, preparer, presenter) -> None:
+    def __init__(self, ctx: zmq.Context, link: zmq.Socket, preparer, presenter, tokenizing: Tokenization) -> None:
         self._link = link
         self._codec = ProcessorSide()
         self._frontend_codec = backend_codec()
         self._preparer = preparer
         self._presenter = presenter
+        self._tokenizing = tokenizing
         # The helper thread: long prompts in, (request, outcome) out, a frame on `_wake` for each.
         self._long: queue.Queue = queue.Queue()
         self._done: queue.Queue = queue.Queue()
@@ -78,7 +84,7 @@ class Processor:
                 self._on_link(self._codec.decode(self._link.recv_multipart(copy=False)))
             if self._wake in events:
                 self._wake.recv()
-                self._admit(*self._done.get_nowait())
+                self._finish_long(*self._done.get_nowait())
             self._publish_stats()
 
     def _on_link(self, msg) -> None:
@@ -88,12 +94,19 @@ class Processor:
                     self._long.put(msg)
                 else:
                     self._admit(msg, self._tokenize(msg))
+            case TokenizeJob():
+                if tokenization.text_chars(msg.request) > INLINE_TEXT_CHARS:
+                    self._long.put(msg)
+                else:
+                    self._reply(msg, self._tokenize(msg))
             case ForgetRequest():
                 self._presenter.forget(msg.engine_rids)
             case _:  # EngineCoreOutputs
                 self._present(msg)
 
-    def _tokenize(self, msg: PrepareRequest):
+    def _tokenize(self, msg: PrepareRequest | TokenizeJob):
+        if isinstance(msg, TokenizeJob):
+            return self._tokenizing.answer(msg.request)
         try:
             return self._preparer.tokenize(msg.request)
         except Exception as e:  # reported by _admit, like an error in vLLM's own checks
@@ -108,11 +121,20 @@ class Processor:
             self._done.put((msg, self._tokenize(msg)))
             wake.send(b"")
 
+    def _finish_long(self, msg: PrepareRequest | TokenizeJob, outcome) -> None:
+        if isinstance(msg, TokenizeJob):
+            self._reply(msg, outcome)
+        else:
+            self._admit(msg, outcome)
+
+    def _reply(self, job: TokenizeJob, reply) -> None:
+        self._link.send_multipart([FORWARD, job.identity, self._frontend_codec.encode(reply)])
+
     def _admit(self, msg: PrepareRequest, tokenized) -> None:
         try:
             if isinstance(tokenized, Exception):
                 raise tokenized
-            request = self._preparer.to_engine(msg.engine_rid, msg.request, tokenized)
+            engine = self._preparer.to_engine(msg.engine_rid, msg.request, tokenized)
         except RequestError as e:
             self._link.send_multipart(self._codec.encode(PrepareFailed(engine_rid=msg.engine_rid, error=e.info())))
             return
@@ -121,9 +143,10 @@ class Processor:
             info = ErrorInfo(status=500, message=f"internal error: {e}", type="InternalServerError")
             self._link.send_multipart(self._codec.encode(PrepareFailed(engine_rid=msg.engine_rid, error=info)))
             return
-        self._presenter.add(request, msg.identity, msg.request.rid, msg.request.sampling.logprobs or 0)
-        reply = Prepared(engine_rid=msg.engine_rid, internal_ids=[request.request_id])
-        self._link.send_multipart(self._codec.encode(reply, [request]))
+        self._presenter.add(engine, msg.identity, msg.request.rid, msg.request.sampling.logprobs or 0,
+                            msg.request.stream, tokenized.parsing)
+        reply = Prepared(engine_rid=msg.engine_rid, internal_ids=[r.request_id for r in engine.requests])
+        self._link.send_multipart(self._codec.encode(reply, engine.requests))
 
     def _present(self, outputs) -> None:
         by_frontend, stopped = self._presenter.present(outputs)
@@ -133,7 +156,7 @@ class Processor:
                 frames += [identity, self._frontend_codec.encode(DeltasEvent(deltas=deltas))]
             self._link.send_multipart(frames, copy=False)
         if stopped:
-            self._link.send_multipart(self._codec.encode(StopStringsHit(engine_rids=stopped)))
+            self._link.send_multipart(self._codec.encode(StopStringsHit(internal_ids=stopped)))
 
     def _publish_stats(self) -> None:
         now = time.monotonic()

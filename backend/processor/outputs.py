@@ -1,4 +1,4 @@
-"""vLLM RequestOutput → wire Delta (text, token ids, logprobs, finish state)."""
+"""vLLM CompletionOutput (one choice of a RequestOutput) → wire Delta (text, token ids, logprobs, finish state)."""
 
 from __future__ import annotations
 
@@ -30,13 +30,13 @@ def _logprobs(comp, num_top: int, tokenizer) -> list[TokenLogprob]:
     return result
 
 
-def to_delta(out, num_prompt_tokens: int, num_generated_before: int, num_top: int, tokenizer) -> Delta:
-    """`out` is a DELTA or FINAL_ONLY RequestOutput, so its token ids are the new ones only."""
-    comp = out.outputs[0]
+def to_delta(comp, num_prompt_tokens: int, num_generated_before: int, num_top: int, tokenizer) -> Delta:
+    """`comp` is one choice's CompletionOutput of a DELTA or FINAL_ONLY RequestOutput, so its token ids are the
+    new ones only; its finish_reason is set once that choice finished."""
     logprobs = _logprobs(comp, num_top, tokenizer) if comp.logprobs is not None else None
     return Delta(
-        rid=out.request_id, text=comp.text, token_ids=list(comp.token_ids), logprobs=logprobs,
-        finish_reason=comp.finish_reason if out.finished else None,
-        stop_reason=comp.stop_reason if out.finished else None,
+        rid="", text=comp.text, token_ids=list(comp.token_ids), logprobs=logprobs,
+        finish_reason=comp.finish_reason, stop_reason=comp.stop_reason if comp.finish_reason else None,
         num_prompt_tokens=num_prompt_tokens, num_generated_tokens=num_generated_before + len(comp.token_ids),
+        index=comp.index,
     )

@@ -9,6 +9,7 @@ from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
 from backend.engine import compat
 from backend.errors import RequestError
+from backend.processor import chat_template
 from protocol.generate import GenerateRequest, SamplingSpec
 from sampling.enforced import ENFORCED_KEY, MODE_KEY
 from sampling.enforced_input import (
@@ -37,8 +38,8 @@ def max_token_bytes(tokenizer) -> int:
     return _NORMALISATION_SLACK * max(len(t.encode("utf-8")) for t in tokenizer.get_vocab())
 
 
-def render_prompt(vocab: Vocab, req: GenerateRequest) -> list[int]:
-    """Prompt token ids: chat messages through the model's chat template, or a raw completion prompt.
+def render_prompt(vocab: Vocab, req: GenerateRequest, tools: list[dict] | None = None) -> list[int]:
+    """Prompt token ids: chat messages (and tools) through the model's chat template, or a raw completion prompt.
 
     Text that cannot fit in the context is refused before the tokenizer runs."""
     tokenizer = vocab.tokenizer
@@ -46,11 +47,7 @@ def render_prompt(vocab: Vocab, req: GenerateRequest) -> list[int]:
         if not req.messages:
             raise RequestError("messages must not be empty", param="messages")
         vocab.check_fits("".join(m.content for m in req.messages), "messages")
-        conversation = [{"role": m.role, "content": m.content} for m in req.messages]
-        try:
-            text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
-        except Exception as e:  # jinja raises its own types for templates that reject a conversation
-            raise RequestError(f"chat template failed: {e}", param="messages") from e
+        text = chat_template.render(tokenizer, req.messages, tools)
         return list(tokenizer.encode(text, add_special_tokens=False))
     if req.prompt is None:
         raise RequestError("either messages or prompt is required", param="prompt")
@@ -143,20 +140,27 @@ def extra_args(spec: SamplingSpec, vocab: Vocab, default_mode: str) -> dict | No
     return extra or None
 
 
-def sampling_params(spec: SamplingSpec, max_tokens: int, stream: bool, vocab: Vocab,
-                    default_mode: str) -> SamplingParams:
+def sampling_params(spec: SamplingSpec, max_tokens: int, stream: bool, vocab: Vocab, default_mode: str, *,
+                    tool_grammar: StructuredOutputsParams | None = None,
+                    skip_special_tokens: bool | None = None) -> SamplingParams:
+    """`tool_grammar` (tool_choice required or named) replaces response_format, as in vLLM; the tool parser may
+    need special tokens kept in the text (`skip_special_tokens`)."""
     if spec.logprobs is not None and not 0 <= spec.logprobs <= MAX_TOP_LOGPROBS:
         raise RequestError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs")
     extra = extra_args(spec, vocab, default_mode)
+    if extra and ENFORCED_KEY in extra and spec.n != 1:
+        raise RequestError("validator replay (enforced tokens) takes n = 1", param="n")
+    if skip_special_tokens is None:
+        skip_special_tokens = spec.skip_special_tokens
     try:
         return SamplingParams(
-            n=1, max_tokens=max_tokens, min_tokens=spec.min_tokens, temperature=spec.temperature,
+            n=spec.n, max_tokens=max_tokens, min_tokens=spec.min_tokens, temperature=spec.temperature,
             top_p=spec.top_p, top_k=spec.top_k, min_p=spec.min_p, presence_penalty=spec.presence_penalty,
             frequency_penalty=spec.frequency_penalty, repetition_penalty=spec.repetition_penalty,
             seed=spec.seed, stop=list(spec.stop), stop_token_ids=list(spec.stop_token_ids),
             ignore_eos=spec.ignore_eos, include_stop_str_in_output=spec.include_stop_str_in_output,
-            skip_special_tokens=spec.skip_special_tokens, logprobs=spec.logprobs,
-            structured_outputs=_structured(spec), extra_args=extra,
+            skip_special_tokens=skip_special_tokens, logprobs=spec.logprobs,
+            structured_outputs=tool_grammar if tool_grammar is not None else _structured(spec), extra_args=extra,
             output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
         )
     except _ARGUMENT_ERRORS as e:  # vLLM's own argument checks (ranges of temperature, top_p, min_tokens, ...)

@@ -2,19 +2,22 @@
 
 `tokenize` is the heavy half (the tokenizer takes ~1.3 s per MB of text) and touches only the tokenizer and
 settings, so long prompts may run it on a helper thread; `to_engine` runs vLLM's input checks and builds the
-engine requests, on the processor's main thread.
+engine requests, on the processor's main thread: one per choice, fanned out as vLLM's AsyncLLM fans out n > 1.
 """
 
 from __future__ import annotations
 
+from copy import copy
 from dataclasses import dataclass
 
 from vllm import SamplingParams
 from vllm.v1.engine import EngineCoreRequest
+from vllm.v1.engine.parallel_sampling import ParentRequest
 
 from backend.engine import compat
 from backend.errors import RequestError
 from backend.processor.params import Vocab, check_lengths, render_prompt, sampling_params
+from backend.processor.parsing import ChatParsers, RequestParsing, tool_dicts
 from backend.settings import BackendSettings
 from protocol.generate import GenerateRequest
 
@@ -25,41 +28,76 @@ class Tokenized:
 
     prompt_ids: list[int]
     params: SamplingParams
+    # Tool calls and reasoning: how its output is parsed (None: passed on as is).
+    parsing: RequestParsing | None = None
+
+
+@dataclass
+class EngineRequests:
+    """A request's engine requests, one per choice; with n > 1, vLLM's ParentRequest joins their outputs."""
+
+    requests: list[EngineCoreRequest]
+    parent: ParentRequest | None = None
 
 
 class Preparer:
-    def __init__(self, settings: BackendSettings, input_processor, vocab: Vocab, max_model_len: int) -> None:
+    def __init__(self, settings: BackendSettings, input_processor, vocab: Vocab, max_model_len: int,
+                 parsers: ChatParsers) -> None:
         self._settings = settings
         self._inputs = input_processor
         self.vocab = vocab
         self.max_model_len = max_model_len
+        self.parsers = parsers
         self._input_errors = compat.input_error_types()
 
     def tokenize(self, req: GenerateRequest) -> Tokenized:
         """Tokenizes and checks one request; RequestError for client mistakes. Thread-safe."""
+        n = req.sampling.n
+        if not 1 <= n <= self._settings.max_num_seqs:
+            raise RequestError(f"n must be between 1 and {self._settings.max_num_seqs} (this backend's "
+                               f"--max-num-seqs), got {n}", param="n")
         prompt_param = "messages" if req.messages is not None else "prompt"
-        prompt_ids = render_prompt(self.vocab, req)
+        parsing = self.parsers.prepare(req)
+        prompt_ids = render_prompt(self.vocab, req, tool_dicts(req.tools) if req.tools else None)
         max_tokens = check_lengths(len(prompt_ids), req.sampling, self.max_model_len, prompt_param)
-        params = sampling_params(req.sampling, max_tokens, req.stream, self.vocab, self._settings.logprobs_mode)
+        grammar = skip_special_tokens = None
+        if parsing is not None:
+            parsing.prompt_ids = prompt_ids
+            grammar, skip_special_tokens = parsing.request.structured_outputs, parsing.request.skip_special_tokens
+        params = sampling_params(req.sampling, max_tokens, req.stream, self.vocab, self._settings.logprobs_mode,
+                                 tool_grammar=grammar, skip_special_tokens=skip_special_tokens)
         if params.extra_args and not self._settings.enforced_sampling:
             raise RequestError("validator replay (enforced tokens, raw logprobs) is disabled on this backend",
                                param="enforced_tokens" if "enforced_token_ids" in params.extra_args
                                else "logprobs_mode")
-        return Tokenized(prompt_ids, params)
+        return Tokenized(prompt_ids, params, parsing)
 
-    def to_engine(self, engine_rid: str, req: GenerateRequest, tokenized: Tokenized) -> EngineCoreRequest:
-        """vLLM's own input checks (logprobs limits, structured-output schemas, ...) and the engine request,
-        with its unique internal id; RequestError for what the client got wrong."""
+    def to_engine(self, engine_rid: str, req: GenerateRequest, tokenized: Tokenized) -> EngineRequests:
+        """vLLM's own input checks (logprobs limits, structured-output schemas, ...) and the engine requests,
+        with their unique internal ids; RequestError for what the client got wrong."""
+        is_grammar = req.sampling.response_format is not None or tokenized.params.structured_outputs is not None
+        param = "response_format" if req.sampling.response_format is not None else "tools" if req.tools else None
         try:
             request = self._inputs.process_inputs(engine_rid, compat.token_prompt(tokenized.prompt_ids),
                                                   tokenized.params, supported_tasks=("generate",),
                                                   priority=req.priority)
         except self._input_errors as e:
-            param = "response_format" if req.sampling.response_format is not None else None
-            raise RequestError(str(e), param=param) from e
+            raise RequestError(str(e), param=param if is_grammar else None) from e
         except RuntimeError as e:  # xgrammar raises RuntimeError for schemas it cannot compile
-            if req.sampling.response_format is None:
+            if not is_grammar:
                 raise
-            raise RequestError(f"invalid response_format: {e}", param="response_format") from e
+            raise RequestError(f"invalid {param}: {e}", param=param) from e
         self._inputs.assign_request_id(request)
-        return request
+        n = tokenized.params.n
+        if n == 1:
+            return EngineRequests([request])
+        # As AsyncLLM.add_request fans out n > 1: child i gets id "i_<id>" and, with a seed, seed + i.
+        parent = ParentRequest(request)
+        children = []
+        for index in range(n):
+            child_id, child_params = parent.get_child_info(index)
+            child = request if index == n - 1 else copy(request)
+            child.request_id = child_id
+            child.sampling_params = child_params
+            children.append(child)
+        return EngineRequests(children, parent)

@@ -38,8 +38,8 @@ _FEATURES_SINCE = {"poc_validation_inference": 1, "stronger_rng": 1, "enforced_t
                    "stat_test_p_value_threshold": 1}
 
 
-def bearer_guard(token: str):
-    """A dependency that demands `Authorization: Bearer <token>`; no check when the token is empty."""
+def bearer_guard(token: str, routes: str = "/api/v1/pow"):
+    """A dependency that demands `Authorization: Bearer <token>` on `routes`; no check when the token is empty."""
     expected = token.encode()
 
     async def check(request: Request) -> None:
@@ -47,7 +47,7 @@ def bearer_guard(token: str):
             return
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
-            raise ApiError(401, "missing or invalid bearer token for /api/v1/pow", type="AuthenticationError",
+            raise ApiError(401, f"missing or invalid bearer token for {routes}", type="AuthenticationError",
                            headers={"WWW-Authenticate": "Bearer"})
 
     return check

@@ -47,7 +47,8 @@ SETTINGS = settings(
 # The operations the sweep must reach (a schema that fails to list them would make it pass vacuously).
 EXPECTED = {"POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models", "GET /health",
             "POST /api/v1/pow/init/generate", "POST /api/v1/pow/generate", "GET /api/v1/pow/generate/{request_id}",
-            "GET /api/v1/pow/status", "POST /api/v1/pow/stop", "GET /api/v1/pow/versions"}
+            "GET /api/v1/pow/status", "POST /api/v1/pow/stop", "GET /api/v1/pow/versions", "POST /tokenize",
+            "POST /detokenize"}
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
 

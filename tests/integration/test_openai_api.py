@@ -109,7 +109,7 @@ def test_models_lists_served_model(client, stack):
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**9}, "max_tokens"),
     ({"messages": []}, "messages"),
     ({}, "messages"),
-    ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 1000}, "n"),  # past --max-num-seqs
     ({"messages": [{"role": "user", "content": "hi"}], "frobnicate": 1}, "frobnicate"),
     ({"messages": [{"role": "user", "content": "hi"}], "temperature": 9}, "temperature"),
     ({"messages": [{"role": "user", "content": "x " * 3000}]}, "messages"),

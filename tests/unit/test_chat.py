@@ -19,7 +19,9 @@ from protocol.processor import (
     PrepareRequest,
     ProcessorReady,
     StopStringsHit,
+    TokenizeJob,
 )
+from protocol.tokenize import DetokenizeRequest, TokenizeReply, TokenizeRequest
 
 A, B = b"fe-a", b"fe-b"
 
@@ -206,9 +208,36 @@ def test_chat_request_id_in_use_while_preparing_is_refused():
 def test_chat_stop_string_stops_the_request_in_the_engine_without_a_reply():
     chat, engine, sent = _chat()
     _run(chat, A, "1")
-    chat.on_stop_strings(LINK, StopStringsHit(engine_rids=[_rid(A, "1"), _rid(A, "gone")]))
+    chat.on_stop_strings(LINK, StopStringsHit(internal_ids=[f"{_rid(A, '1')}-x", "gone"]))
     assert engine.aborted == [f"{_rid(A, '1')}-x"] and not chat.owners
     assert sent.replies() == [] and sent.to_link(ForgetRequest) == [] and chat.num_aborted == 0
+
+
+def test_chat_stop_string_of_one_choice_leaves_the_others_running():
+    chat, engine, _ = _chat()
+    _generate(chat, A, "1")
+    _prepared(chat, A, "1", "0_r", "1_r")
+    chat.on_stop_strings(LINK, StopStringsHit(internal_ids=["0_r"]))
+    assert engine.aborted == ["0_r"] and engine.running == ["1_r"]
+    assert chat.owners[_rid(A, "1")].internal_ids == ["1_r"]
+    chat.on_stop_strings(LINK, StopStringsHit(internal_ids=["1_r"]))
+    assert not chat.owners and engine.running == []
+
+
+def test_chat_tokenize_goes_to_the_processor_with_the_frontend_identity():
+    chat, _, sent = _chat()
+    chat.on_tokenize(A, TokenizeRequest(rid="t1", prompt="hi"))
+    chat.on_tokenize(A, DetokenizeRequest(rid="t2", tokens=[1, 2]))
+    jobs = sent.to_link(TokenizeJob)
+    assert [(j.identity, j.request.rid) for j in jobs] == [(A, "t1"), (A, "t2")]
+
+
+def test_chat_tokenize_before_the_processor_is_ready_is_503():
+    engine, sent = FakeEngine(), Sent()
+    chat = ChatRequests(engine, sent)
+    chat.on_tokenize(A, TokenizeRequest(rid="t1", prompt="hi"))
+    [(identity, reply)] = sent.items
+    assert identity == A and isinstance(reply, TokenizeReply) and reply.error.status == 503
 
 
 def test_chat_gate_refuses_new_requests_and_aborts_those_in_flight():

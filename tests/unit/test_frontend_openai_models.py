@@ -60,3 +60,42 @@ def test_openai_models_largest_accepted_values_encode_for_the_backend():
     frontend_codec().encode(convert.chat_request("r1", body))
     body = CompletionRequest.model_validate({**COMPLETION, "max_tokens": 2**63 - 1, "stop_token_ids": [0]})
     frontend_codec().encode(convert.completion_request("r2", body))
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("change,path", [
+    ({"tools": []}, ("tools",)),
+    ({"tools": [TOOL, TOOL]}, ("tools",)),
+    ({"tools": [{"type": "function", "function": {"name": ""}}]}, ("tools", 0, "function", "name")),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]},
+     ("tools", 0, "function", "parameters")),
+    ({"tool_choice": "required"}, ("tool_choice",)),
+    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "other"}}}, ("tool_choice",)),
+    ({"tools": [TOOL], "tool_choice": "always"}, ("tool_choice",)),
+    ({"n": 0}, ("n",)),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "f"}}]}]},
+     ("messages", 0, "tool_calls", 0, "function", "arguments")),
+], ids=lambda v: str(v))
+def test_openai_models_tool_fields_rejects(change, path):
+    assert _rejects_at(ChatCompletionRequest, {**CHAT, **change}, path)
+
+
+def test_openai_models_tools_and_history_reach_the_wire():
+    body = ChatCompletionRequest.model_validate({
+        **CHAT, "n": 3, "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "parallel_tool_calls": False,
+        "messages": [{"role": "user", "content": "hi"},
+                     {"role": "assistant", "content": None, "refusal": None, "reasoning_content": "hmm",
+                      "tool_calls": [{"id": "c1", "type": "function",
+                                      "function": {"name": "get_weather", "arguments": "{}"}}]},
+                     {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]})
+    gen = convert.chat_request("r1", body)
+    assert gen.sampling.n == 3 and gen.named_tool == "get_weather" and gen.tool_choice is None
+    assert not gen.parallel_tool_calls
+    assert [t.name for t in gen.tools or ()] == ["get_weather"] and gen.tools[0].parameters == '{"type": "object"}'
+    assistant, tool = gen.messages[1], gen.messages[2]
+    assert assistant.content == "" and assistant.reasoning == "hmm" and assistant.tool_calls[0].id == "c1"
+    assert tool.tool_call_id == "c1"
+    frontend_codec().encode(gen)

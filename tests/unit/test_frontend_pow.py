@@ -406,6 +406,21 @@ async def test_pow_token_does_not_guard_other_routes(guarded):
     assert (await http.get("/health")).status_code == 200
 
 
+async def test_api_key_guards_the_v1_routes_only():
+    """vLLM's --api-key (POCSERVE_API_KEY): every /v1 route, not /health nor the PoC routes."""
+    app, fake = make_app({"POCSERVE_API_KEY": "k3y"})
+    fake.replies[PowStatusRequest] = _status_reply("IDLE")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+        for r in (await http.get("/v1/models"), await http.post("/v1/chat/completions", json=body),
+                  await http.get("/v1/models", headers={"Authorization": "Bearer wrong"})):
+            assert _assert_error(r, 401)["message"] == "missing or invalid bearer token for /v1"
+        assert fake.calls == []
+        assert (await http.get("/v1/models", headers={"Authorization": "Bearer k3y"})).status_code == 200
+        assert (await http.get("/health")).status_code == 200
+        assert (await http.get(f"{BASE}/status")).status_code == 200
+
+
 
 async def test_frontend_body_over_the_limit_is_413():
     app, _fake = make_app({"POCSERVE_MAX_BODY_BYTES": "2048"})

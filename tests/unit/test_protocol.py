@@ -42,6 +42,9 @@ from protocol.generate import (
     ResponseFormat,
     SamplingSpec,
     TokenLogprob,
+    ToolCall,
+    ToolCallDelta,
+    ToolSpec,
     TopLogprob,
 )
 from protocol.poc import Artifact, Encoding, PocArtifactsReply, PocArtifactsRequest
@@ -69,6 +72,7 @@ from protocol.processor import (
     ProcessorStats,
     StopStringsHit,
 )
+from protocol.tokenize import DetokenizeReply, DetokenizeRequest, TokenizeReply, TokenizeRequest
 from protocol.version import PROTOCOL_VERSION
 
 GOLDEN_PATH = Path(__file__).parent / "golden" / f"protocol_v{PROTOCOL_VERSION}.json"
@@ -107,7 +111,7 @@ def _stats() -> BackendStats:
 
 def _sampling() -> SamplingSpec:
     return SamplingSpec(
-        max_tokens=64, min_tokens=1, temperature=0.5, top_p=0.75, top_k=40, min_p=0.125, presence_penalty=0.25,
+        n=2, max_tokens=64, min_tokens=1, temperature=0.5, top_p=0.75, top_k=40, min_p=0.125, presence_penalty=0.25,
         frequency_penalty=0.5, repetition_penalty=1.5, seed=42, stop=["\n\n"], stop_token_ids=[151645],
         ignore_eos=True, include_stop_str_in_output=True, skip_special_tokens=False, logprobs=5,
         logprobs_mode="raw_logprobs",
@@ -120,7 +124,18 @@ def _delta() -> Delta:
     return Delta(
         rid="r-1", text="Hi", token_ids=[9],
         logprobs=[TokenLogprob(token_id=9, token="Hi", logprob=-0.5, rank=1, top=top)],
-        finish_reason="stop", stop_reason="</s>", num_prompt_tokens=12, num_generated_tokens=1)
+        finish_reason="stop", stop_reason="</s>", num_prompt_tokens=12, num_generated_tokens=1, index=1,
+        reasoning="Hmm", tool_calls=[ToolCallDelta(index=0, id="call-1", name="f", arguments='{"x": 1}')])
+
+
+def _messages() -> list[ChatMessage]:
+    call = ToolCall(id="call-1", name="f", arguments='{"x": 1}')
+    return [ChatMessage(role="assistant", content="Hello", name="alice", tool_calls=[call], tool_call_id="call-0",
+                        reasoning="Hmm")]
+
+
+def _tools() -> list[ToolSpec]:
+    return [ToolSpec(name="f", description="does f", parameters='{"type":"object"}', strict=True)]
 
 
 def _node() -> NodeIdentity:
@@ -135,8 +150,15 @@ CANONICAL: dict[type, msgspec.Struct] = {
     HelloRequest: HelloRequest(protocol_version=PROTOCOL_VERSION, frontend_id="host-123"),
     PingRequest: PingRequest(ping_id=7),
     GenerateRequest: GenerateRequest(
-        rid="r-1", sampling=_sampling(), messages=[ChatMessage(role="user", content="Hello", name="alice")],
-        prompt="Hello", stream=True, priority=1),
+        rid="r-1", sampling=_sampling(), messages=_messages(), prompt="Hello", stream=True, priority=1,
+        tools=_tools(), tool_choice="required", named_tool="f", parallel_tool_calls=False),
+    TokenizeRequest: TokenizeRequest(rid="t-1", prompt="Hello", messages=_messages(), tools=_tools(),
+                                     add_special_tokens=False, add_generation_prompt=False,
+                                     continue_final_message=True, return_token_strs=True),
+    TokenizeReply: TokenizeReply(rid="t-1", tokens=[1, 2], token_strs=["a", "b"], max_model_len=2048,
+                                 error=_error_info()),
+    DetokenizeRequest: DetokenizeRequest(rid="t-2", tokens=[1, 2]),
+    DetokenizeReply: DetokenizeReply(rid="t-2", prompt="ab", error=_error_info()),
     AbortRequest: AbortRequest(rids=["r-1", "r-2"]),
     ReadyReply: ReadyReply(fingerprint=_fingerprint(), refusal="protocol version 0 != backend's 1"),
     PongReply: PongReply(ping_id=7, stats=_stats()),
@@ -393,6 +415,7 @@ def _check_pow_reply(cls):
 
 DISPATCH_CHECKS = {
     PowJobReply: _check_pow_reply(PowJobReply), PowStatusReply: _check_pow_reply(PowStatusReply),
+    TokenizeReply: _check_pow_reply(TokenizeReply), DetokenizeReply: _check_pow_reply(DetokenizeReply),
     PocArtifactsReply: _check_poc_artifacts,
     DeltasEvent: _check_deltas, GenerateErrorReply: _check_generate_error, PongReply: _check_pong,
     ReadyReply: _check_ready, ErrorReply: _check_error, DeadEvent: _check_dead,

@@ -18,7 +18,7 @@ IDS = ["backend", "frontend"]
 # --- precedence: CLI flag > environment variable > default ---
 
 PRECEDENCE = [
-    (backend_settings, "max_model_len", "POCSERVE_MAX_MODEL_LEN", "4096", "1024", 2048, 4096, 1024),
+    (backend_settings, "max_model_len", "POCSERVE_MAX_MODEL_LEN", "4096", "1024", 0, 4096, 1024),
     (backend_settings, "gpu_memory_utilization", "POCSERVE_GPU_MEMORY_UTILIZATION", "0.5", "0.75", 0.3, 0.5, 0.75),
     (backend_settings, "logprobs_mode", "POCSERVE_LOGPROBS_MODE", "raw_logprobs", "processed_logprobs",
      "processed_logprobs", "raw_logprobs", "processed_logprobs"),
@@ -82,7 +82,7 @@ def test_settings_frontend_id_defaults_to_host_pid():
     (backend_settings, [], {"POCSERVE_ENFORCE_EAGER": "maybe"}, ["POCSERVE_ENFORCE_EAGER"]),
     (backend_settings, [], {"POCSERVE_LOGPROBS_MODE": "cooked"}, ["--logprobs-mode", "POCSERVE_LOGPROBS_MODE"]),
     (backend_settings, [], {"POCSERVE_GENERATE_MODEL": "huge"}, ["--generate-model", "POCSERVE_GENERATE_MODEL"]),
-    (backend_settings, ["--max-model-len", "0"], {}, ["--max-model-len"]),
+    (backend_settings, ["--max-model-len", "-5"], {}, ["--max-model-len"]),
     (backend_settings, [], {"POCSERVE_MAX_MODEL_LEN": "-1"}, ["--max-model-len"]),
     (backend_settings, ["--gpu-memory-utilization", "1.5"], {}, ["--gpu-memory-utilization"]),
     (backend_settings, ["--block-size", "-16"], {}, ["--block-size"]),

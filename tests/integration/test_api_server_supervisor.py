@@ -1,0 +1,104 @@
+"""pocserve.supervisor with stand-in children (short Python scripts, no engine): how an instance stops, and how it
+goes down with a child. The real backend and frontend are in test_api_server.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from pocserve.supervisor import Child, Supervisor
+
+# Writes its pid, then sleeps; optionally ignores SIGTERM, exits with a code, or leaves a grandchild behind in
+# its process group that ignores SIGTERM and outlives it.
+_SCRIPT = """
+import os, signal, subprocess, sys, time
+mode, pid_file = sys.argv[1], sys.argv[2]
+if mode == "deaf":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if mode == "leaves_grandchild":
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    grandchild = subprocess.Popen([sys.executable, "-c", code])
+    open(pid_file + ".grandchild", "w").write(str(grandchild.pid))
+open(pid_file, "w").write(str(os.getpid()))
+if mode.startswith("exit"):
+    time.sleep(0.5)
+    sys.exit(int(mode[4:]))
+time.sleep(60)
+"""
+
+
+def _child(name: str, mode: str, tmp_path) -> Child:
+    return Child(name, [sys.executable, "-c", _SCRIPT, mode, str(tmp_path / name)], dict(os.environ))
+
+
+def _pid(tmp_path, name: str, timeout_s: float = 30.0) -> int:
+    path = tmp_path / name
+    deadline = time.monotonic() + timeout_s
+    while not (path.exists() and path.read_text()):
+        assert time.monotonic() < deadline, f"{name} never started"
+        time.sleep(0.02)
+    return int(path.read_text())
+
+
+def _signal_when_started(tmp_path, names: list[str], sig: int = signal.SIGINT) -> threading.Thread:
+    def send() -> None:
+        for name in names:
+            _pid(tmp_path, name)
+        os.kill(os.getpid(), sig)
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread
+
+
+def _is_gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_supervisor_signal_stops_both_children_exit_zero(tmp_path, sig):
+    sup = Supervisor([_child("backend", "sleep", tmp_path), _child("frontend", "sleep", tmp_path)], 10.0)
+    _signal_when_started(tmp_path, ["backend", "frontend"], sig)
+    started = time.monotonic()
+    assert sup.run() == 0  # both stopped by the one SIGTERM each got (the default action counts as stopped)
+    assert time.monotonic() - started < 10.0
+    assert all(_is_gone(_pid(tmp_path, n)) for n in ("backend", "frontend"))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # our handlers are gone again
+
+
+def test_supervisor_child_exit_takes_the_instance_down_nonzero(tmp_path):
+    sup = Supervisor([_child("backend", "exit3", tmp_path), _child("frontend", "sleep", tmp_path)], 10.0)
+    assert sup.run() == 3
+    assert _is_gone(_pid(tmp_path, "frontend"))
+
+
+def test_supervisor_child_exit_zero_still_counts_as_failure(tmp_path):
+    sup = Supervisor([_child("backend", "exit0", tmp_path), _child("frontend", "sleep", tmp_path)], 10.0)
+    assert sup.run() == 1
+
+
+def test_supervisor_child_ignoring_sigterm_is_killed_after_the_timeout(tmp_path):
+    sup = Supervisor([_child("backend", "deaf", tmp_path), _child("frontend", "sleep", tmp_path)], 1.0)
+    _signal_when_started(tmp_path, ["backend", "frontend"])
+    started = time.monotonic()
+    assert sup.run() == 1  # not a clean stop
+    assert time.monotonic() - started < 8.0
+    assert _is_gone(_pid(tmp_path, "backend"))
+
+
+def test_supervisor_reaps_what_a_child_left_in_its_process_group(tmp_path):
+    sup = Supervisor([_child("backend", "leaves_grandchild", tmp_path), _child("frontend", "sleep", tmp_path)],
+                     10.0)
+    _signal_when_started(tmp_path, ["backend", "frontend"])
+    assert sup.run() == 0
+    grandchild = int((tmp_path / "backend.grandchild").read_text())
+    assert _is_gone(grandchild)
