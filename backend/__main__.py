@@ -26,10 +26,11 @@ from backend.settings import BackendSettings, load_settings
 from backend.transport.control import ControlPlane
 from backend.transport.curve import CurveGate
 from backend.transport.peers import PeerTable
-from backend.transport.server import SocketServer, shut_down
+from backend.transport.server import LINK, SocketServer, shut_down
 from common.config import SettingsError
 from common.logs import configure_logging
 from protocol.control import DeadEvent
+from protocol.processor import EngineBuilt
 
 log = structlog.get_logger("backend")
 
@@ -76,11 +77,13 @@ def build_loop(settings: BackendSettings, engine, server: SocketServer, inbox: q
     from backend.pow.service import build_pow_service
     from backend.share import ChatShare
 
+    built = EngineBuilt(num_gpu_blocks=engine.num_gpu_blocks)
     if settings.fault_fail_on_step:
         engine = FaultyEngine(engine, settings.fault_fail_on_step)
     fingerprint = engine.fingerprint()
 
     def on_processor_ready() -> None:
+        server.send(LINK, built)
         control.fingerprint = fingerprint  # frontends are admitted (Hello → Ready) from now on
 
     def check_processor() -> None:

@@ -94,8 +94,9 @@ class ChatRequests:
 
     def route(self, outputs) -> None:
         """One step's EngineCoreOutputs (or None): finished requests leave the table, the outputs go to the
-        processor, which turns them into deltas for the frontends."""
-        if outputs is None or not outputs.outputs:
+        processor, which turns them into deltas for the frontends and counts the scheduler's stats (a step
+        without outputs, a chunk of a long prefill, still has prefix-cache queries)."""
+        if outputs is None or not (outputs.outputs or outputs.scheduler_stats is not None):
             return
         for out in outputs.outputs:
             if out.finish_reason is not None:

@@ -40,6 +40,7 @@ from bench.procs import (
     stop_all,
     wait_http_ok,
 )
+from bench.prom import totals
 from bench.soak_traffic import (
     PowDriver,
     PowPlan,
@@ -122,9 +123,7 @@ class MemorySampler:
 async def metrics(session: aiohttp.ClientSession, base_url: str) -> dict[str, float]:
     async with session.get(f"{base_url}/metrics") as resp:
         text = await resp.text()
-    return {name: float(value) for name, value in (line.split(" ", 1) for line in text.splitlines()
-                                                   if line and not line.startswith("#"))
-            if "{" not in name}
+    return totals(text)
 
 
 async def drain(session: aiohttp.ClientSession, urls: list[str], driver: PowDriver, timeout_s: float) -> dict:

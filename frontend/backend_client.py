@@ -24,7 +24,16 @@ from common.sockets import make_client_socket
 from frontend.refusals import RefusalWatch
 from protocol.codec import frontend_codec
 from protocol.common import BackendStats, ErrorInfo, Fingerprint
-from protocol.control import DeadEvent, ErrorReply, HelloRequest, PingRequest, PongReply, ReadyReply
+from protocol.control import (
+    DeadEvent,
+    ErrorReply,
+    HelloRequest,
+    MetricsReply,
+    MetricsRequest,
+    PingRequest,
+    PongReply,
+    ReadyReply,
+)
 from protocol.generate import (
     AbortRequest,
     Delta,
@@ -183,6 +192,17 @@ class BackendClient:
         finally:
             self._calls.pop(req.rid, None)
 
+    async def vllm_metrics(self) -> bytes:
+        """The vllm:* families vLLM's stat logger keeps in the backend's processor, as Prometheus text; empty when
+        the backend is down or does not answer within the backend timeout (the scrape goes on without them)."""
+        if not self.is_alive:
+            return b""
+        try:
+            reply = await self.call(MetricsRequest(rid=self.new_rid()), self.backend_timeout_s)
+        except (BackendUnavailable, BackendRequestError):
+            return b""
+        return reply.text
+
     async def ping(self, timeout_s: float | None = None) -> BackendStats:
         """Round trip to the backend; raises BackendUnavailable on timeout."""
         ping_id = next(self._ping_ids)
@@ -308,7 +328,7 @@ class BackendClient:
                 if (q := self._streams.get(rid)) is not None:
                     q.put_nowait(error)
             case (PocArtifactsReply(rid=rid) | PowJobReply(rid=rid) | PowStatusReply(rid=rid) | TokenizeReply(rid=rid)
-                  | DetokenizeReply(rid=rid)):
+                  | DetokenizeReply(rid=rid) | MetricsReply(rid=rid)):
                 fut = self._calls.get(rid)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)

@@ -1,7 +1,13 @@
-"""Prometheus metrics: this frontend's request counters and latencies, plus the backend's engine gauges.
+"""Prometheus metrics: this frontend's request counters and latencies, plus the backend's.
 
-Engine figures (vllm:num_requests_running, vllm:num_requests_waiting, vllm:iteration_tokens_total) come from
-the backend's latest stats, so every frontend reports the same engine. mlnode's hang detector reads them.
+Three sources, one name each (no family appears twice):
+- this frontend's registry: pocserve_http_*, latencies seen at the HTTP edge;
+- the backend's latest stats (pongs): the PoC and link counters, and four vllm:* families from the engine thread
+  (vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc, vllm:iteration_tokens_total),
+  which count PoC forwards too and stay current while only PoC runs: the ML node's hang detector reads them;
+- every other vllm:* family, rendered by vLLM's own stat logger in the backend's processor process
+  (backend/processor/metrics.py), asked for on each scrape (routes/health.py).
+The vllm:* series carry vLLM's labels (model_name, engine) and documentation, as `vllm serve` exports them.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from protocol.common import BackendStats
 
+# vLLM's per-engine labels; engine is always "0" (one engine core per backend).
+VLLM_LABELS = ["model_name", "engine"]
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -36,10 +44,17 @@ class BackendCollector:
             yield c
         if stats is None:
             return
+        fingerprint = self._client.fingerprint
+        labels = [fingerprint.served_model_name if fingerprint is not None else "", "0"]
         for name, doc, value in (
-            ("vllm:num_requests_running", "Requests in model execution batches.", stats.num_running),
-            ("vllm:num_requests_waiting", "Requests waiting to be processed.", stats.num_waiting),
-            ("vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent.", stats.kv_cache_usage),
+            ("vllm:num_requests_running", "Number of requests in model execution batches.", stats.num_running),
+            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", stats.num_waiting),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", stats.kv_cache_usage),
+        ):
+            g = GaugeMetricFamily(name, doc, labels=VLLM_LABELS)
+            g.add_metric(labels, float(value))
+            yield g
+        for name, doc, value in (
             ("pocserve_poc_mining", "1 while a PoC mining round is active.", float(stats.is_mining)),
             ("pocserve_poc_queued_job_nonces", "Nonces in queued /generate jobs.", stats.num_queued_job_nonces),
             ("pocserve_callback_backlog", "Callbacks waiting for delivery.", stats.callback_backlog),
@@ -54,12 +69,11 @@ class BackendCollector:
         for bound, count in zip(bounds, stats.iteration_tokens_counts, strict=False):
             cumulative += count
             buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
-        h = HistogramMetricFamily("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.")
-        h.add_metric([], buckets, sum_value=stats.iteration_tokens_sum)
+        h = HistogramMetricFamily("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+                                  labels=VLLM_LABELS)
+        h.add_metric(labels, buckets, sum_value=stats.iteration_tokens_sum)
         yield h
         for name, doc, value in (
-            ("vllm:prompt_tokens", "Prefill tokens processed.", stats.num_prompt_tokens),
-            ("vllm:generation_tokens", "Generation tokens processed.", stats.num_generation_tokens),
             ("pocserve_backend_rejected_frames", "Malformed frames the backend dropped.",
              stats.num_rejected_frames),
             ("pocserve_backend_aborted_requests", "Requests aborted in the engine.", stats.num_aborted_requests),

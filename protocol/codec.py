@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import msgspec
 
-from protocol.control import DeadEvent, ErrorReply, HelloRequest, PingRequest, PongReply, ReadyReply
+from protocol.control import (
+    DeadEvent,
+    ErrorReply,
+    HelloRequest,
+    MetricsReply,
+    MetricsRequest,
+    PingRequest,
+    PongReply,
+    ReadyReply,
+)
 from protocol.generate import AbortRequest, DeltasEvent, GenerateErrorReply, GenerateRequest
 from protocol.poc import PocArtifactsReply, PocArtifactsRequest
 from protocol.pow import (
@@ -21,11 +30,11 @@ from protocol.tokenize import DetokenizeReply, DetokenizeRequest, TokenizeReply,
 ToBackend = (
     HelloRequest | PingRequest | GenerateRequest | AbortRequest | PocArtifactsRequest
     | PowInitRequest | PowGenerateRequest | PowJobRequest | PowStatusRequest | PowStopRequest
-    | TokenizeRequest | DetokenizeRequest
+    | TokenizeRequest | DetokenizeRequest | MetricsRequest
 )
 ToFrontend = (
     ReadyReply | PongReply | DeltasEvent | GenerateErrorReply | ErrorReply | DeadEvent | PocArtifactsReply
-    | PowJobReply | PowStatusReply | TokenizeReply | DetokenizeReply
+    | PowJobReply | PowStatusReply | TokenizeReply | DetokenizeReply | MetricsReply
 )
 
 TO_BACKEND_TYPES: tuple[type, ...] = ToBackend.__args__

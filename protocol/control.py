@@ -40,3 +40,15 @@ class DeadEvent(msgspec.Struct, tag="dead", kw_only=True):
     """Sent to every known frontend when the engine died; the backend exits right after."""
 
     reason: str
+
+
+class MetricsRequest(msgspec.Struct, tag="metrics", kw_only=True):
+    """For /metrics: the vllm:* families that vLLM's own stat logger keeps in the processor process."""
+
+    rid: str
+
+
+class MetricsReply(msgspec.Struct, tag="metrics_done", kw_only=True):
+    rid: str
+    # Prometheus text exposition; empty while the processor is not up.
+    text: bytes = b""

@@ -43,6 +43,20 @@ class EngineOutputs(msgspec.Struct, tag="p.outputs", kw_only=True):
     """Engine → processor: one engine step's EngineCoreOutputs follow as vLLM frames."""
 
 
+class MetricsJob(msgspec.Struct, tag="p.metrics", kw_only=True):
+    """io thread → processor: answer this frontend's MetricsRequest (the reply goes to it as a FORWARD frame)."""
+
+    identity: bytes
+    rid: str
+
+
+class EngineBuilt(msgspec.Struct, tag="p.engine", kw_only=True):
+    """Engine → processor, once both are up: what only the built engine knows (vLLM's API server learns it in
+    its handshake with the engine core)."""
+
+    num_gpu_blocks: int
+
+
 class ForgetRequest(msgspec.Struct, tag="p.forget", kw_only=True):
     """Engine → processor: these requests were aborted (or refused after preparing): drop their state."""
 
@@ -89,5 +103,5 @@ class ProcessorStats(msgspec.Struct, tag="p.stats", kw_only=True):
     iteration_tokens_count: int
 
 
-ToProcessor = PrepareRequest | EngineOutputs | ForgetRequest | TokenizeJob
+ToProcessor = PrepareRequest | EngineOutputs | ForgetRequest | TokenizeJob | MetricsJob | EngineBuilt
 FromProcessor = Prepared | PrepareFailed | StopStringsHit | ProcessorReady | ProcessorStats

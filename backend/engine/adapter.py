@@ -51,6 +51,8 @@ class Engine:
                 self.core.collective_rpc("install_enforced_sampling")
                 tolerant_grammars.install(self.core.structured_output_manager)
             self.max_model_len = int(self.vllm_config.model_config.max_model_len)
+            # Set by EngineCore once it has sized the KV cache.
+            self.num_gpu_blocks = int(self.vllm_config.cache_config.num_gpu_blocks or 0)
             step_tokens = int(self.vllm_config.scheduler_config.max_num_batched_tokens)
             self.poc = PocRunner(self.core, settings.max_num_seqs, min(settings.poc_max_batch_tokens, step_tokens))
         except BaseException:

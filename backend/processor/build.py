@@ -12,6 +12,7 @@ from vllm.v1.engine.output_processor import OutputProcessor
 
 from backend.engine import compat
 from backend.engine.args import USAGE_CONTEXT, engine_args
+from backend.processor.metrics import VllmMetrics
 from backend.processor.params import Vocab
 from backend.processor.parsing import ChatParsers
 from backend.processor.prepare import Preparer
@@ -33,5 +34,5 @@ def build(settings: BackendSettings) -> tuple[Preparer, Presenter, Tokenization,
                           tokenizer, config.model_config)
     preparer = Preparer(settings, InputProcessor(config, renderer), vocab, max_model_len, parsers)
     outputs = OutputProcessor(tokenizer, log_stats=True, stream_interval=config.scheduler_config.stream_interval)
-    return (preparer, Presenter(outputs, tokenizer), Tokenization(vocab),
+    return (preparer, Presenter(outputs, tokenizer, VllmMetrics(config)), Tokenization(vocab),
             ProcessorReady(pid=os.getpid(), vocab_size=vocab_size))

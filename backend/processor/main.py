@@ -5,7 +5,8 @@ without HTTP: chat templates and tokenizing in, detokenizing, stop strings and l
 deltas straight to the frontends (through the engine process's io thread, which forwards them unread). So the
 engine thread only steps the engine, as `vllm serve`'s engine process does, and the two never share a GIL.
 
-It also answers /tokenize and /detokenize (TokenizeJob), sending the reply to the frontend as it sends deltas.
+It also answers /tokenize and /detokenize (TokenizeJob) and renders vLLM's own metrics for /metrics (MetricsJob),
+sending the reply to the frontend as it sends deltas.
 
 Long prompts are tokenized on a helper thread (the tokenizer takes ~1.3 s per MB and would stall every stream's
 deltas meanwhile); it posts the result back through an inproc socket the loop polls.
@@ -27,10 +28,13 @@ from backend.processor.tokenization import Tokenization
 from common.sockets import make_socket
 from protocol.codec import backend_codec
 from protocol.common import ErrorInfo
+from protocol.control import MetricsReply
 from protocol.generate import DeltasEvent, GenerateRequest
 from protocol.processor import (
     FORWARD,
+    EngineBuilt,
     ForgetRequest,
+    MetricsJob,
     Prepared,
     PrepareFailed,
     PrepareRequest,
@@ -101,6 +105,13 @@ class Processor:
                     self._reply(msg, self._tokenize(msg))
             case ForgetRequest():
                 self._presenter.forget(msg.engine_rids)
+            case MetricsJob():
+                text = self._presenter.metrics.render() if self._presenter.metrics is not None else b""
+                self._link.send_multipart([FORWARD, msg.identity, self._frontend_codec.encode(
+                    MetricsReply(rid=msg.rid, text=text))])
+            case EngineBuilt():
+                if self._presenter.metrics is not None:
+                    self._presenter.metrics.engine_built(msg.num_gpu_blocks)
             case _:  # EngineCoreOutputs
                 self._present(msg)
 

@@ -11,6 +11,7 @@ import structlog
 from vllm.v1.engine import EngineCoreOutputs
 from vllm.v1.metrics.stats import IterationStats
 
+from backend.processor.metrics import VllmMetrics
 from backend.processor.outputs import to_delta
 from backend.processor.parsing import RequestParsing
 from backend.processor.prepare import EngineRequests
@@ -35,10 +36,11 @@ class Route:
 
 
 class Presenter:
-    def __init__(self, output_processor, tokenizer) -> None:
+    def __init__(self, output_processor, tokenizer, metrics: VllmMetrics | None = None) -> None:
         self._outputs = output_processor
         self._tokenizer = tokenizer
         self.stats = ChatStats()
+        self.metrics = metrics
         # engine_rid (vLLM's external request id) → where its deltas go.
         self._routes: dict[str, Route] = {}
         self._by_internal: dict[str, str] = {}
@@ -80,6 +82,8 @@ class Presenter:
         self._outputs.update_scheduler_stats(outputs.scheduler_stats)
         if iteration_stats is not None:
             self.stats.record(iteration_stats)
+        if self.metrics is not None:
+            self.metrics.record(outputs.scheduler_stats, iteration_stats)
         # Stop strings are found here, not in the engine: its requests run on until the engine aborts them.
         stopped = [i for i in processed.reqs_to_abort if i in self._by_internal]
         by_frontend: dict[bytes, list[Delta]] = defaultdict(list)

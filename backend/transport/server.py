@@ -28,8 +28,8 @@ from backend.transport.curve import CurveGate
 from backend.transport.peers import FrontendLost, PeerTable
 from common.sockets import make_socket
 from protocol.codec import backend_codec
-from protocol.control import DeadEvent, ErrorReply, HelloRequest, PingRequest
-from protocol.processor import FORWARD, ProcessorStats
+from protocol.control import DeadEvent, ErrorReply, HelloRequest, MetricsReply, MetricsRequest, PingRequest
+from protocol.processor import FORWARD, MetricsJob, ProcessorReady, ProcessorStats
 
 log = structlog.get_logger(__name__)
 
@@ -68,6 +68,8 @@ class SocketServer:
         # Bound by the io thread for the processor process; its codec comes with attach_link (it imports vLLM).
         self._link_address = link_address
         self._link_codec: Any = None
+        # Set by the io thread when the processor says it is ready: from then on it answers MetricsRequests.
+        self._is_processor_ready = False
         self.outbox: queue.Queue = queue.Queue()
         self._pipe_addr = f"inproc://pocserve-out-{id(self):x}"
         self._stop = threading.Event()
@@ -199,8 +201,10 @@ class SocketServer:
         msg = self._link_codec.decode(frames)
         if isinstance(msg, ProcessorStats):
             self.control.chat_stats = msg  # replaced, never mutated: pongs read it as they are built
-        else:
-            self._inbox.put((LINK, msg))
+            return
+        if isinstance(msg, ProcessorReady):
+            self._is_processor_ready = True
+        self._inbox.put((LINK, msg))
 
     def _on_frames(self, router: zmq.Socket, codec, frames: list) -> None:
         identity = frames[0].bytes
@@ -226,6 +230,13 @@ class SocketServer:
         elif isinstance(msg, HelloRequest):
             if (ready := self.control.on_hello(identity, msg)) is not None:
                 router.send_multipart([identity, codec.encode(ready)])
+        elif isinstance(msg, MetricsRequest):
+            # Straight to the processor, which keeps vLLM's stat logger: a scrape never waits for the engine
+            # thread (a PoC forward can take seconds). Until the processor is up there is nothing to render.
+            if self._is_processor_ready:
+                self.send(LINK, MetricsJob(identity=identity, rid=msg.rid))
+            else:
+                router.send_multipart([identity, codec.encode(MetricsReply(rid=msg.rid))])
         else:
             self._inbox.put((identity, msg))
 

@@ -42,4 +42,7 @@ async def version(request: Request) -> dict:
 @router.get("/metrics", response_class=PlainTextResponse,
             responses={200: {"description": "Prometheus text format."}})
 async def metrics(request: Request) -> Response:
-    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    """This frontend's series, the engine thread's (heartbeat) series, then vLLM's own families from the
+    backend's processor process (frontend/metrics.py says which come from where)."""
+    ours = generate_latest(request.app.state.metrics.registry)
+    return Response(ours + await request.app.state.client.vllm_metrics(), media_type=CONTENT_TYPE_LATEST)

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from bench.prom import totals
 from tests.stack import (  # noqa: F401
     LONG_MAX_TOKENS,
     Proc,
@@ -194,10 +195,11 @@ def stop(pow_url: str, headers: dict | None = None) -> dict:
 
 
 def metric(base_url: str, name: str) -> float:
-    for line in httpx.get(f"{base_url}/metrics", timeout=10).text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"metric {name} not exported")
+    """One sample's value summed over its label sets."""
+    values = totals(httpx.get(f"{base_url}/metrics", timeout=10).text)
+    if name not in values:
+        raise AssertionError(f"metric {name} not exported")
+    return values[name]
 
 
 def decode(vector_b64: str) -> np.ndarray:

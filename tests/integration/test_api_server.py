@@ -10,7 +10,6 @@ round fanned out with group_id 0 / 1 of 2). Bad input fails before any engine st
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import signal
 import socket
@@ -24,6 +23,7 @@ import httpx
 import psutil
 import pytest
 
+from bench.prom import totals
 from tests.integration.pow_util import Receiver, generate, node, params, status, stop, wait_until
 from tests.stack import REPO, free_port
 
@@ -38,13 +38,10 @@ def heartbeat(base_url: str) -> dict[str, float] | None:
         text = httpx.get(f"{base_url}/metrics", timeout=3).text
     except httpx.HTTPError:
         return None
-    values = {}
-    for name in HEARTBEAT:
-        series = re.findall(rf"(?m)^{re.escape(name)}\S*\s+([0-9eE.+-]+)", text)
-        if not series:
-            return None
-        values[name] = sum(float(x) for x in series)
-    return values
+    values = totals(text)
+    if any(name not in values for name in HEARTBEAT):
+        return None
+    return {name: values[name] for name in HEARTBEAT}
 
 
 class MlNodeInstance:

@@ -29,6 +29,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.prom import totals
 from tests.stack import REPO, Proc, backend_args, frontend_args
 
 pytestmark = [pytest.mark.slow,
@@ -234,10 +235,7 @@ def _health(http: httpx.Client, url: str) -> int:
 
 
 def _metric(http: httpx.Client, url: str, name: str) -> float | None:
-    for line in http.get(f"{url}/metrics", timeout=5).text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return None
+    return totals(http.get(f"{url}/metrics", timeout=5).text).get(name)
 
 
 def _assert_clean_503(r: httpx.Response, elapsed_s: float, bound_s: float, procs: dict[str, Proc]) -> None:

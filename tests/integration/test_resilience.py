@@ -8,6 +8,7 @@ import time
 import httpx
 import pytest
 
+from bench.prom import totals
 from tests.stack import LONG_MAX_TOKENS, Proc, backend_args, free_port, frontend_args, wait_healthy
 
 LONG = {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": LONG_MAX_TOKENS,
@@ -15,13 +16,9 @@ LONG = {"messages": [{"role": "user", "content": "Write a long story."}], "max_t
 
 
 def _engine_stats(base_url: str) -> dict[str, float]:
-    text = httpx.get(f"{base_url}/metrics", timeout=5).text
-    out = {}
-    for line in text.splitlines():
-        if line.startswith(("vllm:num_requests_running ", "pocserve_backend_aborted_requests_total ")):
-            name, value = line.split()
-            out[name] = float(value)
-    return out
+    values = totals(httpx.get(f"{base_url}/metrics", timeout=5).text)
+    return {name: values[name] for name in ("vllm:num_requests_running", "pocserve_backend_aborted_requests_total")
+            if name in values}
 
 
 def _wait_idle(base_url: str, timeout_s: float = 20.0) -> dict[str, float]:

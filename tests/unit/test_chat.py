@@ -40,6 +40,7 @@ class FakeOutput:
 @dataclass
 class FakeOutputs:
     outputs: list = field(default_factory=list)
+    scheduler_stats: object = None
 
 
 class FakeEngine:
@@ -124,6 +125,10 @@ def test_chat_finished_output_leaves_the_table_and_outputs_go_to_the_processor()
     chat.route(FakeOutputs([]))  # nothing to present: nothing sent
     chat.route(None)
     assert [m for i, m in sent.items if i == LINK][-1] is outputs
+    # A step with no outputs but the scheduler's stats (a chunk of a long prefill) still goes: vLLM's metrics
+    # count its prefix-cache queries.
+    chat.route(stats_only := FakeOutputs([], scheduler_stats=object()))
+    assert [m for i, m in sent.items if i == LINK][-1] is stats_only
 
 
 def test_chat_frontend_lost_aborts_its_requests_and_answers_503():

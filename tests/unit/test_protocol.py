@@ -30,7 +30,16 @@ from backend.transport.server import SocketServer
 from frontend.backend_client import BackendClient
 from protocol.codec import TO_BACKEND_TYPES, TO_FRONTEND_TYPES, backend_codec, frontend_codec
 from protocol.common import BackendStats, ErrorInfo, Fingerprint
-from protocol.control import DeadEvent, ErrorReply, HelloRequest, PingRequest, PongReply, ReadyReply
+from protocol.control import (
+    DeadEvent,
+    ErrorReply,
+    HelloRequest,
+    MetricsReply,
+    MetricsRequest,
+    PingRequest,
+    PongReply,
+    ReadyReply,
+)
 from protocol.generate import (
     AbortRequest,
     ChatMessage,
@@ -65,12 +74,14 @@ from protocol.pow import (
     ValidationOutcome,
 )
 from protocol.processor import (
+    EngineOutputs,
     FromProcessor,
     Prepared,
     PrepareFailed,
     ProcessorReady,
     ProcessorStats,
     StopStringsHit,
+    ToProcessor,
 )
 from protocol.tokenize import DetokenizeReply, DetokenizeRequest, TokenizeReply, TokenizeRequest
 from protocol.version import PROTOCOL_VERSION
@@ -81,7 +92,8 @@ REGEN_HINT = "run POCSERVE_REGEN_GOLDEN=1 pytest tests/unit/test_protocol.py and
 
 ALL_MESSAGE_TYPES: tuple[type, ...] = TO_BACKEND_TYPES + TO_FRONTEND_TYPES
 # Answered by the io thread itself (backend/ipc.py SocketServer._on_frames), never queued for the engine thread.
-CONTROL_PLANE_TYPES = {HelloRequest, PingRequest}
+# Answered (or passed to the processor) by the io thread itself, never the engine thread.
+CONTROL_PLANE_TYPES = {HelloRequest, PingRequest, MetricsRequest}
 
 
 # --- canonical instances: every field set to a non-default value (wire shape only, not semantics) ---
@@ -159,6 +171,8 @@ CANONICAL: dict[type, msgspec.Struct] = {
                                  error=_error_info()),
     DetokenizeRequest: DetokenizeRequest(rid="t-2", tokens=[1, 2]),
     DetokenizeReply: DetokenizeReply(rid="t-2", prompt="ab", error=_error_info()),
+    MetricsRequest: MetricsRequest(rid="m-1"),
+    MetricsReply: MetricsReply(rid="m-1", text=b"# TYPE vllm:prompt_tokens counter\n"),
     AbortRequest: AbortRequest(rids=["r-1", "r-2"]),
     ReadyReply: ReadyReply(fingerprint=_fingerprint(), refusal="protocol version 0 != backend's 1"),
     PongReply: PongReply(ping_id=7, stats=_stats()),
@@ -349,6 +363,14 @@ def test_protocol_every_message_from_the_processor_has_one_handler():
 FROM_PROCESSOR_TYPES = FromProcessor.__args__
 
 
+def test_protocol_every_message_to_the_processor_has_a_case():
+    # EngineOutputs arrives as vLLM's EngineCoreOutputs (the match's last case); every other header by name.
+    # Read as text: importing the processor imports vLLM.
+    source = (Path(__file__).parents[2] / "backend" / "processor" / "main.py").read_text()
+    for cls in set(ToProcessor.__args__) - {EngineOutputs}:
+        assert f"case {cls.__name__}()" in source, f"the processor has no case for {cls.__name__}"
+
+
 class _RecordingLog:
     def __init__(self) -> None:
         self.events: list[str] = []
@@ -416,6 +438,7 @@ def _check_pow_reply(cls):
 DISPATCH_CHECKS = {
     PowJobReply: _check_pow_reply(PowJobReply), PowStatusReply: _check_pow_reply(PowStatusReply),
     TokenizeReply: _check_pow_reply(TokenizeReply), DetokenizeReply: _check_pow_reply(DetokenizeReply),
+    MetricsReply: _check_pow_reply(MetricsReply),
     PocArtifactsReply: _check_poc_artifacts,
     DeltasEvent: _check_deltas, GenerateErrorReply: _check_generate_error, PongReply: _check_pong,
     ReadyReply: _check_ready, ErrorReply: _check_error, DeadEvent: _check_dead,
