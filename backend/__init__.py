@@ -5,12 +5,11 @@ Engine process (`python -m backend`, backend/__main__.py):
   thread that calls vLLM's EngineCore (engine/) and the workers' RPCs, and the only one that reads or changes the
   chat table (chat.py), the PoC service and its artifact queue, or the in-memory job queue (pow/). It never
   touches a socket, never encodes, never blocks on I/O: it hands messages to the outbox and work to the others.
-- zmq-io thread (transport/server.py): owns the ROUTER to the frontends, the PAIR to the processor and an inproc
-  PULL. Decodes frames into the inbox, answers Hello and Ping itself (transport/control.py, from the snapshot the
-  engine thread publishes), keeps peers' last-seen times (transport/peers.py), runs CURVE admission
-  (transport/curve.py), and passes the processor's encoded deltas to frontends unread.
-- zmq-encode thread (transport/server.py): encodes outbox items (for frontends, or for the processor with the
-  link codec) and pushes them to the io thread.
+- zmq-io thread (transport/server.py): owns the ROUTER to the frontends and the PAIR to the processor. Decodes
+  frames into the inbox, answers Hello and Ping itself (transport/control.py, from the snapshot the engine thread
+  publishes), keeps peers' last-seen times (transport/peers.py), runs CURVE admission (transport/curve.py),
+  passes the processor's encoded deltas to frontends unread, and encodes and sends what other threads put on the
+  outbox (they append and write one byte to a wake-up socket it polls).
 - store writer thread (pow/store.py): the only SQLite connection; runs submitted writes in order and their
   completion callbacks (a persisted job's reply goes to the outbox from here).
 - callback dispatcher thread and its POST pool (pow/callbacks.py): the in-memory view of the outbox, HTTP out.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI
+from fastapi import FastAPI
 
 from frontend.backend_client import BackendClient
 from frontend.convert import TokenFormat
@@ -114,7 +114,7 @@ def create_app(settings: FrontendSettings) -> FastAPI:
     install_error_handlers(app)
     install_openapi(app)
     # The OpenAI routes take vLLM's --api-key (as vLLM does, every /v1 route); the PoC routes have their own token.
-    app.include_router(openai.router, dependencies=[Depends(bearer_guard(settings.api_key, "/v1"))])
+    app.include_router(openai.router, dependencies=bearer_guard(settings.api_key, "/v1"))
     app.include_router(tokenize.router)
     app.include_router(health.router)
     app.include_router(make_pow_router(settings))

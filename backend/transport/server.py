@@ -1,11 +1,13 @@
 """The backend's ROUTER socket, its link to the processor process, and the two I/O threads around them.
 
 Threads and ownership (a zmq socket is used by exactly one thread):
-- io thread: owns the ROUTER, the link's PAIR and an inproc PULL. It decodes incoming frames into typed messages
-  and puts `(identity, msg)` on the inbox; it forwards encoded replies from the PULL to the ROUTER or the link,
-  and the processor's encoded deltas from the link to the ROUTER, unread.
-- encode thread: owns the inproc PUSH. It takes `(identity, msg)` from the outbox, encodes, pushes.
-The engine thread therefore never touches a socket and never encodes.
+- io thread: owns the ROUTER and the link's PAIR. It decodes incoming frames into typed messages and puts
+  `(identity, msg)` on the inbox; it encodes what other threads put on the outbox and sends it to the ROUTER or the
+  link; and it forwards the processor's encoded deltas from the link to the ROUTER, unread.
+- any other thread (the engine thread, the store writer, ...) only appends to the outbox and writes a byte to a
+  wake-up pipe that the io thread polls with its sockets. So a reply is one thread hop from the engine thread to
+  the wire (a separate encode thread cost a second wake-up on every message: ~0.1 ms a hop on a loaded machine),
+  and the engine thread never touches a socket and never encodes.
 With CURVE on, the io thread also runs the ROUTER's CurveGate (ZAP handler and handshake monitor, backend/curve.py).
 The io thread also keeps every peer's last-seen time (backend/peers.py): a peer silent past the timeout is forgotten
 and a FrontendLost event goes to the loop, which aborts that peer's requests.
@@ -14,7 +16,9 @@ and a FrontendLost event goes to the loop, which aborts that peer's requests.
 from __future__ import annotations
 
 import queue
+import socket
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -70,8 +74,13 @@ class SocketServer:
         self._link_codec: Any = None
         # Set by the io thread when the processor says it is ready: from then on it answers MetricsRequests.
         self._is_processor_ready = False
-        self.outbox: queue.Queue = queue.Queue()
-        self._pipe_addr = f"inproc://pocserve-out-{id(self):x}"
+        # (identity, msg) for the io thread to encode and send; deque appends and pops are thread-safe.
+        self._outbox: deque = deque()
+        # Written (one byte) after each append: the io thread polls the read end with its sockets. Socket objects
+        # rather than raw fds, so that a send after stop() fails instead of writing into a reused fd number.
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -79,17 +88,13 @@ class SocketServer:
         self.peers = peers if peers is not None else PeerTable(timeout_s=0.0)
         self.num_rejected_frames = 0
         self.dead: DeadEvent | None = None
-        self._threads = [
-            threading.Thread(target=self._io_loop, name="zmq-io", daemon=True),
-            threading.Thread(target=self._encode_loop, name="zmq-encode", daemon=True),
-        ]
+        self._thread = threading.Thread(target=self._io_loop, name="zmq-io", daemon=True)
 
     def start(self) -> None:
-        self._threads[0].start()
+        self._thread.start()
         self._ready.wait()
         if self._error is not None:
             raise self._error
-        self._threads[1].start()
 
     def attach_link(self, codec) -> None:
         """The link's codec (backend/processor/link.py EngineSide); before the processor process starts."""
@@ -97,7 +102,17 @@ class SocketServer:
 
     def send(self, identity: bytes, msg) -> None:
         """Thread-safe; BROADCAST sends to every peer seen so far, LINK to the processor process."""
-        self.outbox.put((identity, msg))
+        self._outbox.append((identity, msg))
+        try:
+            self._wake_w.send(b"\0")
+        except BlockingIOError:
+            pass  # full of wake-ups the io thread has not read yet: it drains the outbox anyway
+        except OSError:
+            pass  # stopped: nothing is sent any more
+
+    @property
+    def outbox_depth(self) -> int:
+        return len(self._outbox)
 
     def send_dead(self, event: DeadEvent) -> None:
         """Broadcasts the dead sentinel and from now on answers every frame with it. libzmq discards what a
@@ -107,24 +122,12 @@ class SocketServer:
         self.send(BROADCAST, event)
 
     def stop(self, flush_timeout_s: float = 2.0) -> None:
-        """Sends what is queued (bounded by flush_timeout_s), then closes the sockets."""
-        self.outbox.put(None)
-        self._threads[1].join(flush_timeout_s)
+        """Sends what is queued (the io thread drains the outbox before it closes the sockets), then closes them."""
         self._stop.set()
-        for t in self._threads:
-            t.join(flush_timeout_s)
-
-    def _encode_loop(self) -> None:
-        codec = backend_codec()
-        push = make_socket(self._ctx, zmq.PUSH, linger_ms=2000)
-        push.connect(self._pipe_addr)
-        try:
-            while (item := self.outbox.get()) is not None:
-                identity, msg = item
-                frames = self._link_codec.encode(msg) if identity == LINK else [codec.encode(msg)]
-                push.send_multipart([identity, *frames], copy=False)
-        finally:
-            push.close()
+        self.send(BROADCAST, None)  # only wakes the io thread; None is never sent
+        self._thread.join(flush_timeout_s)
+        self._wake_w.close()
+        self._wake_r.close()
 
     def _io_loop(self) -> None:
         codec = backend_codec()
@@ -136,8 +139,6 @@ class SocketServer:
             # Before the bind: no peer may reach the ROUTER before its ZAP handler exists.
             gate_sockets = self._gate.open(self._ctx, router) if self._gate is not None else []
             router.bind(self._address)
-            pull = make_socket(self._ctx, zmq.PULL)
-            pull.bind(self._pipe_addr)
             link = None
             if self._link_address is not None:
                 link = make_socket(self._ctx, zmq.PAIR)
@@ -153,44 +154,57 @@ class SocketServer:
             log.warning("backend_socket_plaintext", address=self._address,
                         hint="whoever reaches this address can drive the backend; see CURVE in the README")
         poller = zmq.Poller()
-        for sock in (router, pull, *gate_sockets, *([link] if link is not None else [])):
+        for sock in (router, *gate_sockets, *([link] if link is not None else [])):
             poller.register(sock, zmq.POLLIN)
+        wake_fd = self._wake_r.fileno()
+        poller.register(wake_fd, zmq.POLLIN)
         try:
             while not self._stop.is_set():
                 events = dict(poller.poll(_POLL_MS))
                 if router in events:
                     self._on_frames(router, codec, router.recv_multipart(copy=False))
-                if pull in events:
-                    self._deliver(router, link, pull.recv_multipart(copy=False))
+                if wake_fd in events:
+                    self._drain_outbox(router, link, codec)
                 if link is not None and link in events:
                     self._on_link(router, link.recv_multipart(copy=False))
                 if self._gate is not None:
                     self._gate.on_events(events)
                 if self.peers.is_sweep_due():
                     self._sweep(router, codec)
-            while pull.poll(0):  # flush replies queued before stop
-                self._deliver(router, link, pull.recv_multipart(copy=False))
+            self._drain_outbox(router, link, codec)  # replies queued before stop
         finally:
             router.close()
-            pull.close()
             if link is not None:
                 link.close()
             if self._gate is not None:
                 self._gate.close()
 
-    def _deliver(self, router: zmq.Socket, link: zmq.Socket | None, frames: list) -> None:
-        identity = frames[0].bytes
+    def _drain_outbox(self, router: zmq.Socket, link: zmq.Socket | None, codec) -> None:
+        """Encodes and sends everything queued, in order (wake-up bytes first: an append after this read wakes us
+        again)."""
+        try:
+            while self._wake_r.recv(65536):
+                pass
+        except BlockingIOError:
+            pass
+        while self._outbox:
+            identity, msg = self._outbox.popleft()
+            if msg is not None:
+                self._deliver(router, link, codec, identity, msg)
+
+    def _deliver(self, router: zmq.Socket, link: zmq.Socket | None, codec, identity: bytes, msg) -> None:
         if identity == LINK:
             if link is not None:
                 try:
                     # Never blocks the io thread: a processor that is gone is the engine loop's to notice.
-                    link.send_multipart(frames[1:], copy=False, flags=zmq.NOBLOCK)
+                    link.send_multipart(self._link_codec.encode(msg), copy=False, flags=zmq.NOBLOCK)
                 except zmq.Again:
                     log.warning("processor_link_unwritable")
             return
+        payload = codec.encode(msg)
         targets = list(self.peers) if identity == BROADCAST else [identity]
         for peer in targets:
-            router.send_multipart([peer, frames[1]], copy=False)
+            router.send_multipart([peer, payload], copy=False)
 
     def _on_link(self, router: zmq.Socket, frames: list) -> None:
         if frames[0].bytes == FORWARD:
@@ -224,7 +238,7 @@ class SocketServer:
             return
         if isinstance(msg, PingRequest):
             pong = self.control.on_ping(
-                identity, msg, num_rejected_frames=self.num_rejected_frames, outbox_depth=self.outbox.qsize(),
+                identity, msg, num_rejected_frames=self.num_rejected_frames, outbox_depth=self.outbox_depth,
                 num_curve_refusals=self._gate.num_curve_refusals if self._gate is not None else 0)
             router.send_multipart([identity, codec.encode(pong)])
         elif isinstance(msg, HelloRequest):

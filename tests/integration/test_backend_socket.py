@@ -68,7 +68,7 @@ def harness(tmp_path, request) -> Iterator[Harness]:
     finally:
         dealer.close()
         server.stop()
-        assert not any(t.is_alive() for t in server._threads), "SocketServer threads did not stop"
+        assert not server._thread.is_alive(), "the io thread did not stop"
         ctx.term()
 
 
