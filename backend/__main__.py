@@ -1,5 +1,5 @@
 """Backend process entry: settings, logging, model, sockets, the processor process, the engine, then the engine
-loop on this thread.
+loop on this thread. On a worker node of a multi-node engine (--node-rank > 0), only that node's workers.
 
 Shape copied from vLLM's run_engine_core: signal handlers only set a flag; any engine failure (or the
 processor's death) sends a dead sentinel to every frontend and exits non-zero so the supervisor restarts us.
@@ -114,6 +114,9 @@ def serve(settings: BackendSettings) -> int:
         check_topology(settings)  # the parallel sizes against the model and the machine, before any worker
     except SettingsError as e:
         return _refuse(e)
+    if settings.node_rank > 0:
+        from backend.engine.headless import run_worker_node
+        return run_worker_node(settings)
     try:
         store = open_store(settings.state_dir)  # a locked or corrupt file fails here, before the engine loads
     except StoreError as e:

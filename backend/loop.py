@@ -122,7 +122,8 @@ class BackendLoop:
 
     def on_timer(self) -> None:
         now = time.monotonic()
-        if now - self._timers_at >= _TIMER_INTERVAL_S:
+        # Not once stopping: a SIGTERM to the process group also ends the processor, which is expected then.
+        if self.is_running and now - self._timers_at >= _TIMER_INTERVAL_S:
             self._timers_at = now
             for timer in self._timers:
                 timer()

@@ -62,6 +62,17 @@ class BackendSettings:
     pipeline_parallel_size: int = setting("POCSERVE_PIPELINE_PARALLEL_SIZE", 1,
                                           "pipeline-parallel stages (each holds a contiguous share of the decoder "
                                           "layers; the engine runs tensor x pipeline ranks)")
+    nnodes: int = setting("POCSERVE_NNODES", 1,
+                          "hosts the engine's tensor x pipeline ranks span, each running an equal share (vLLM's "
+                          "multiprocessing executor across nodes)")
+    node_rank: int = setting("POCSERVE_NODE_RANK", 0,
+                             "this host's rank among --nnodes: 0 serves (engine core, sockets, PoC API, its share "
+                             "of the ranks); the others only run their share of the ranks (vLLM's headless mode)")
+    master_addr: str = setting("POCSERVE_MASTER_ADDR", "127.0.0.1",
+                               "with --nnodes > 1: node 0's address, reachable from every node (torch.distributed "
+                               "rendezvous)")
+    master_port: int = setting("POCSERVE_MASTER_PORT", 29501,
+                               "with --nnodes > 1: node 0's torch.distributed rendezvous port")
     enforce_eager: bool = setting("POCSERVE_ENFORCE_EAGER", False, "disable CUDA graphs / compilation")
     logprobs_mode: str = setting("POCSERVE_LOGPROBS_MODE", "processed_logprobs",
                                  "default logprobs mode (the network validates with processed)",
@@ -131,10 +142,15 @@ def _check(s: BackendSettings) -> None:
         if getattr(s, name) < 0:
             raise SettingsError(f"--{name.replace('_', '-')} must be >= 0 (0 = the default)")
     for name in ("max_num_seqs", "poc_max_batch_tokens", "tensor_parallel_size",
-                 "pipeline_parallel_size", "batch_size_default", "max_queued_nonces", "callback_max_retries",
+                 "pipeline_parallel_size", "nnodes", "batch_size_default", "max_queued_nonces", "callback_max_retries",
                  "callback_max_concurrent", "callback_queue_size"):
         if getattr(s, name) <= 0:
             raise SettingsError(f"--{name.replace('_', '-')} must be positive")
+    if not 0 <= s.node_rank < s.nnodes:
+        raise SettingsError(f"--node-rank / POCSERVE_NODE_RANK must be in [0, {s.nnodes}) for --nnodes {s.nnodes}, "
+                            f"got {s.node_rank}")
+    if not 0 < s.master_port < 65536:
+        raise SettingsError(f"--master-port / POCSERVE_MASTER_PORT must be a port number, got {s.master_port}")
     if not 0.0 <= s.chat_share <= 1.0:
         raise SettingsError(f"--chat-share / POCSERVE_CHAT_SHARE must be in [0, 1], got {s.chat_share}")
     if not 0.0 < s.gpu_memory_utilization <= 1.0:

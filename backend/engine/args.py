@@ -29,6 +29,10 @@ def engine_args(settings: BackendSettings) -> EngineArgs:
         gpu_memory_utilization=settings.gpu_memory_utilization,
         tensor_parallel_size=settings.tensor_parallel_size,
         pipeline_parallel_size=settings.pipeline_parallel_size, enforce_eager=settings.enforce_eager,
+        # Across hosts: vLLM's multiprocessing executor on node 0 drives every rank; the other nodes run theirs
+        # headless (backend/engine/headless.py). One node: vLLM's defaults.
+        nnodes=settings.nnodes, node_rank=settings.node_rank, master_addr=settings.master_addr,
+        master_port=settings.master_port,
         # The engine always computes processed logprobs; rows asking for raw ones get them from the
         # enforced-sampling wrapper (sampling/enforced.py), so the mode can differ per request.
         logprobs_mode="processed_logprobs", seed=settings.seed,

@@ -25,6 +25,7 @@ log = structlog.get_logger(__name__)
 
 TP = "--tensor-parallel-size / POCSERVE_TENSOR_PARALLEL_SIZE"
 PP = "--pipeline-parallel-size / POCSERVE_PIPELINE_PARALLEL_SIZE"
+NNODES = "--nnodes / POCSERVE_NNODES"
 # vLLM's CPU workers: one core list per rank, "|"-separated (vllm/utils/ompmultiprocessing.py). Without it vLLM
 # binds one NUMA node per rank and asserts there are enough nodes, which a one-node machine never has.
 CPU_BIND_VAR = "VLLM_CPU_OMP_THREADS_BIND"
@@ -34,6 +35,17 @@ CPU_KV_SPACE_VAR = "VLLM_CPU_KVCACHE_SPACE"
 
 def world_size(settings: BackendSettings) -> int:
     return settings.tensor_parallel_size * settings.pipeline_parallel_size
+
+
+def local_world_size(settings: BackendSettings) -> int:
+    """The ranks this host runs (vLLM splits them evenly over the nodes, in rank order)."""
+    return world_size(settings) // settings.nnodes
+
+
+def check_nodes(settings: BackendSettings) -> None:
+    world = world_size(settings)
+    if world % settings.nnodes:
+        raise SettingsError(f"{NNODES}: {settings.nnodes} hosts cannot share {TP} x {PP} = {world} ranks evenly")
 
 
 def model_config(model_dir: Path) -> dict[str, Any]:
@@ -69,21 +81,29 @@ def check_split(config: Mapping[str, Any], tp: int, pp: int) -> None:
 
 
 def check_cpu(settings: BackendSettings, cpus: Sequence[int], environ: Mapping[str, str]) -> None:
-    """SettingsError if the CPU engine's ranks cannot each have a core and a share of memory."""
-    world = world_size(settings)
+    """SettingsError if this host's CPU engine ranks cannot each have a core and a share of memory."""
+    world = local_world_size(settings)
     if world <= 1:
         return
     bind = environ.get(CPU_BIND_VAR, "auto")
     if bind == "auto" and world > len(cpus):
-        raise SettingsError(f"{TP} x {PP} = {world} ranks, but this process may use {_cores(len(cpus))} and "
+        raise SettingsError(f"{_ranks_here(settings, world)}, but this process may use {_cores(len(cpus))} and "
                             f"every CPU rank needs one of its own (to share cores on purpose, set {CPU_BIND_VAR})")
     if bind not in ("auto", "nobind") and len(bind.split("|")) != world:
+        where = f"({TP} x {PP})" if settings.nnodes == 1 else f"on this host ({TP} x {PP} over {NNODES} " \
+            f"{settings.nnodes})"
         raise SettingsError(f"{CPU_BIND_VAR}={bind!r} gives {len(bind.split('|'))} core lists for {world} ranks "
-                            f"({TP} x {PP}); give one per rank, or unset it to have them chosen")
+                            f"{where}; give one per rank, or unset it to have them chosen")
     if not environ.get(CPU_KV_SPACE_VAR) and world * settings.gpu_memory_utilization > 1.0:
         raise SettingsError(f"--gpu-memory-utilization / POCSERVE_GPU_MEMORY_UTILIZATION: each of the {world} CPU "
                             f"ranks reserves {settings.gpu_memory_utilization:g} of RAM, more than all of it; use "
                             f"at most {1.0 / world:.3g}")
+
+
+def _ranks_here(settings: BackendSettings, world: int) -> str:
+    if settings.nnodes == 1:
+        return f"{TP} x {PP} = {world} ranks"
+    return f"{world} ranks on this host ({TP} x {PP} over {NNODES} {settings.nnodes})"
 
 
 def _cores(n: int) -> str:
@@ -92,6 +112,7 @@ def _cores(n: int) -> str:
 
 def check_topology(settings: BackendSettings) -> None:
     """Every start check of the parallel sizes against the model and, on the CPU engine, the machine."""
+    check_nodes(settings)
     check_split(model_config(settings.model), settings.tensor_parallel_size, settings.pipeline_parallel_size)
     if compat.is_cpu_build():
         check_cpu(settings, sorted(os.sched_getaffinity(0)), os.environ)
@@ -144,8 +165,9 @@ def _parse_id_list(text: str) -> set[int]:
 def bind_cpu_threads(settings: BackendSettings) -> None:
     """On the CPU engine with several ranks, sets one core list per rank where vLLM's own binding would fail:
     vLLM gives each rank a NUMA node of its own, so it is left to do so on a machine with enough nodes, and an
-    operator's own lists are kept. Before the engine is built (vLLM reads it when it starts the workers)."""
-    world = world_size(settings)
+    operator's own lists are kept. Before the engine is built (vLLM reads it when it starts the workers). Across
+    hosts, each host binds the ranks it runs."""
+    world = local_world_size(settings)
     if world <= 1 or not compat.is_cpu_build() or os.environ.get(CPU_BIND_VAR, "auto") != "auto":
         return
     cpus = sorted(os.sched_getaffinity(0))

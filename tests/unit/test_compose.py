@@ -27,6 +27,8 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 BACKEND_DOCKERFILE = ROOT / "docker" / "backend.Dockerfile"
 FRONTEND_DOCKERFILE = ROOT / "docker" / "frontend.Dockerfile"
 NGINX_CONF = ROOT / "docker" / "nginx.conf"
+MULTINODE_FILE = ROOT / "docker-compose.multinode.yml"
+WORKER_FILE = ROOT / "docker-compose.worker.yml"
 
 # Settings being added by the PoC API / access work: the compose file already sets them. Name -> the process
 # whose settings module will own it. Remove an entry once the option is in that module's OPTIONS.
@@ -205,7 +207,7 @@ def test_pow_token_is_required(services: dict) -> None:
 
 def test_every_pocserve_name_is_a_setting() -> None:
     every = KNOWN_ENVS["backend"] | KNOWN_ENVS["frontend"]
-    for path in (COMPOSE_FILE, BACKEND_DOCKERFILE, FRONTEND_DOCKERFILE):
+    for path in (COMPOSE_FILE, BACKEND_DOCKERFILE, FRONTEND_DOCKERFILE, MULTINODE_FILE, WORKER_FILE):
         unknown = set(POCSERVE_NAME.findall(path.read_text())) - every
         assert not unknown, f"{path.name}: not a setting (typo?): {sorted(unknown)}"
 
@@ -375,3 +377,59 @@ def test_nginx_conf_balances_and_streams() -> None:
     assert "proxy_read_timeout 3600s" in text
     assert re.search(r"listen\s+8000", text)
     assert text.count("{") == text.count("}")
+
+
+# --- multi-node: node 0's override and the worker node's file -----------------------------------------------
+
+class _Reset(list):
+    """compose's `!reset` tag (clears a value of the file below)."""
+
+
+class _ComposeLoader(yaml.SafeLoader):
+    pass
+
+
+_ComposeLoader.add_constructor("!reset", lambda loader, node: _Reset())
+
+
+def _load(path: Path) -> dict:
+    return yaml.load(path.read_text(), Loader=_ComposeLoader)  # a SafeLoader subclass
+
+
+def _engine_settings(env: dict[str, str]) -> dict[str, str]:
+    """The settings that build the engine, which every node must share (the model and engine block)."""
+    engine = {"POCSERVE_MODEL", "POCSERVE_MAX_MODEL_LEN", "POCSERVE_MAX_NUM_SEQS", "POCSERVE_MAX_NUM_BATCHED_TOKENS",
+              "POCSERVE_POC_MAX_BATCH_TOKENS", "POCSERVE_GPU_MEMORY_UTILIZATION", "POCSERVE_DTYPE",
+              "POCSERVE_BLOCK_SIZE", "POCSERVE_TENSOR_PARALLEL_SIZE", "POCSERVE_PIPELINE_PARALLEL_SIZE",
+              "POCSERVE_ENFORCE_EAGER", "POCSERVE_SEED", "POCSERVE_SERVED_MODEL_NAME"}
+    return {k: v for k, v in env.items() if k in engine}
+
+
+def test_worker_node_builds_node_0s_engine(services: dict) -> None:
+    worker = _environment(_load(WORKER_FILE)["services"]["worker"])
+    node0 = _environment(services["backend"])
+    assert _engine_settings(worker) == _engine_settings(node0)
+    vllm = {k: v for k, v in node0.items() if k.startswith(("VLLM_", "TORCHINDUCTOR_", "TRITON_", "HF_"))}
+    assert {k: worker.get(k) for k in vllm} == vllm
+
+
+def test_worker_node_settings_pass_validation() -> None:
+    service = _load(WORKER_FILE)["services"]["worker"]
+    environ = _dockerfile_env(BACKEND_DOCKERFILE)
+    environ.update({k: _resolve_defaults(v) for k, v in _environment(service).items()})
+    environ.update(POCSERVE_NNODES="2", POCSERVE_NODE_RANK="1", POCSERVE_MASTER_ADDR="10.0.0.1")
+    s = backend_settings.load_settings(argv=[], environ=environ)
+    assert (s.nnodes, s.node_rank, s.master_addr) == (2, 1, "10.0.0.1")
+    assert service["network_mode"] == "host" and service["ipc"] == "host"
+    assert service["healthcheck"] == {"disable": True}  # the image's probe needs a socket a worker never opens
+
+
+def test_multinode_override_puts_node_0_on_the_hosts_network() -> None:
+    services = _load(MULTINODE_FILE)["services"]
+    backend = services["backend"]
+    env = _environment(backend)
+    assert backend["network_mode"] == "host" and isinstance(backend["expose"], _Reset)
+    assert env["POCSERVE_NODE_RANK"] == "0" and "POCSERVE_NNODES" in env and "POCSERVE_MASTER_ADDR" in env
+    # vLLM's cross-node queues must be opened on the address the other hosts reach.
+    assert env["VLLM_HOST_IP"].startswith("${POCSERVE_MASTER_ADDR")
+    assert services["frontend"]["extra_hosts"] == ["backend:host-gateway"]

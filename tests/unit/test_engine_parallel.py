@@ -69,6 +69,21 @@ def test_engine_parallel_check_cpu_needs_a_core_per_rank():
                            {"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
 
 
+def test_engine_parallel_nodes_share_the_ranks_evenly():
+    parallel.check_nodes(_settings("--tensor-parallel-size", "4", "--nnodes", "2"))
+    with pytest.raises(SettingsError, match=re.escape("--nnodes / POCSERVE_NNODES: 3 hosts cannot share")):
+        parallel.check_nodes(_settings("--tensor-parallel-size", "4", "--nnodes", "3"))
+
+
+def test_engine_parallel_check_cpu_counts_this_hosts_ranks():
+    two_nodes = ("--tensor-parallel-size", "2", "--pipeline-parallel-size", "2", "--nnodes", "2",
+                 "--gpu-memory-utilization", "0.1")
+    parallel.check_cpu(_settings(*two_nodes), [0, 1], {})  # 4 ranks, 2 on this host
+    with pytest.raises(SettingsError, match=re.escape("2 ranks on this host (")):
+        parallel.check_cpu(_settings(*two_nodes), [0], {})
+    parallel.check_cpu(_settings(*two_nodes), [0], {"VLLM_CPU_OMP_THREADS_BIND": "0|0"})
+
+
 def test_engine_parallel_check_cpu_memory_share():
     with pytest.raises(SettingsError, match=r"^--gpu-memory-utilization .* use at most 0.333"):
         parallel.check_cpu(_settings("--pipeline-parallel-size", "3", "--gpu-memory-utilization", "0.4"),

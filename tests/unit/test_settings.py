@@ -106,6 +106,10 @@ def test_settings_frontend_id_defaults_to_host_pid():
     (backend_settings, ["--chat-share", "1.5"], {}, ["--chat-share", "POCSERVE_CHAT_SHARE"]),
     (backend_settings, [], {"POCSERVE_CHAT_SHARE": "-0.1"}, ["--chat-share"]),
     (backend_settings, [], {"POCSERVE_CHAT_SHARE": "nan"}, ["--chat-share"]),
+    (backend_settings, ["--nnodes", "0"], {}, ["--nnodes"]),
+    (backend_settings, ["--nnodes", "2", "--node-rank", "2"], {}, ["--node-rank", "POCSERVE_NODE_RANK", "[0, 2)"]),
+    (backend_settings, [], {"POCSERVE_NODE_RANK": "-1"}, ["--node-rank"]),
+    (backend_settings, ["--master-port", "70000"], {}, ["--master-port"]),
 ])
 def test_settings_bad_value_raises_settings_error_naming_it(module, argv, environ, names):
     with pytest.raises(SettingsError) as info:
@@ -149,6 +153,20 @@ def test_settings_every_option_is_a_settings_field(module):
     assert len(names) == len(set(names))
     assert len({o.env for o in module.OPTIONS}) == len(names)
     assert set(names) == set(vars(module.load_settings([], {})))
+
+
+def test_settings_readme_tables_are_the_generated_ones():
+    """The README's settings tables are what scripts/settings_table.py prints (regenerate them after a change)."""
+    import contextlib
+    import io
+    import runpy
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        runpy.run_path(str(REPO / "scripts" / "settings_table.py"), run_name="__main__")
+    text = (REPO / "README.md").read_text()
+    start = text.index("\n", text.index("<!-- settings:start")) + 1
+    assert text[start:text.index("<!-- settings:end -->")] == out.getvalue()
 
 
 @pytest.mark.parametrize("module", MODULES, ids=IDS)
