@@ -123,7 +123,16 @@ def _prefix_caching(value: Any) -> Decision:
 def _executor(value: Any) -> Decision:
     if value in (None, "mp"):
         return Ignored("pocserve runs the ranks with vLLM's multiprocessing executor")
-    return Refused("pocserve runs tensor/pipeline ranks with vLLM's multiprocessing executor on one host")
+    return Refused("pocserve runs tensor/pipeline ranks with vLLM's multiprocessing executor (across hosts too: "
+                   "--nnodes)")
+
+
+_WORKER_NODE = "this instance serves node 0; run the other hosts with `python -m backend --node-rank N` (README: " \
+    "Multi-node)"
+
+
+def _node_zero(value: Any) -> str | None:
+    return None if value == 0 else _WORKER_NODE
 
 
 _LOGS = "pocserve logs through structlog (POCSERVE_LOG_FORMAT, POCSERVE_LOG_LEVEL)"
@@ -156,6 +165,10 @@ TABLE: dict[str, Rule] = {
                                       when_absent=True),
     "tensor_parallel_size": backend("--tensor-parallel-size", check=_positive),
     "pipeline_parallel_size": backend("--pipeline-parallel-size", check=_positive),
+    "nnodes": backend("--nnodes", check=_positive),
+    "node_rank": backend("--node-rank", "backend `--node-rank`: 0 only", check=_node_zero),
+    "master_addr": backend("--master-addr"),
+    "master_port": backend("--master-port"),
     "enforce_eager": backend("--enforce-eager"),
     "seed": backend("--seed"),
     "block_size": backend("--block-size", check=_positive),
@@ -212,6 +225,7 @@ TABLE: dict[str, Rule] = {
     "speculative_config": refused("no speculative decoding (validation replays the plain model)"),
     "enable_lora": refused("no LoRA adapters"),
     "lora_modules": refused("no LoRA adapters"),
+    "headless": refused(_WORKER_NODE),
     "api_server_count": refused("one frontend per instance (more: run `python -m frontend` beside it)"),
 }
 
