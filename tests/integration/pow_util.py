@@ -202,6 +202,18 @@ def metric(base_url: str, name: str) -> float:
     return values[name]
 
 
+# A greedy chat whose tokens must match across topologies (test_parallel.py, test_multinode.py).
+GREEDY_CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": 32,
+               "temperature": 0.0, "ignore_eos": True, "logprobs": True}
+
+
+def greedy_tokens(base_url: str) -> list[str]:
+    """The logprob token strings (token ids in the default format) of GREEDY_CHAT."""
+    r = httpx.post(f"{base_url}/v1/chat/completions", json=GREEDY_CHAT, timeout=120)
+    assert r.status_code == 200, r.text
+    return [p["token"] for p in r.json()["choices"][0]["logprobs"]["content"]]
+
+
 def decode(vector_b64: str) -> np.ndarray:
     return np.frombuffer(base64.b64decode(vector_b64), dtype="<f2").astype(np.float32)
 

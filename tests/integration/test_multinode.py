@@ -15,10 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.integration.pow_util import artifacts_of, generate, l2, validation
+from tests.integration.pow_util import artifacts_of, generate, greedy_tokens, l2, validation
 from tests.stack import Proc, backend_args, free_port, frontend_args, wait_healthy
 
 pytestmark = pytest.mark.slow
@@ -26,8 +25,6 @@ pytestmark = pytest.mark.slow
 NONCES = list(range(16))
 SEQ_LEN = 32
 MAX_L2 = 0.02
-CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": 32,
-        "temperature": 0.0, "ignore_eos": True, "logprobs": True}
 CPUS = sorted(os.sched_getaffinity(0))
 
 
@@ -43,15 +40,11 @@ class TwoNodes:
         return f"{self.base_url}/api/v1/pow"
 
 
-def _greedy_tokens(base_url: str) -> list[str]:
-    r = httpx.post(f"{base_url}/v1/chat/completions", json=CHAT, timeout=120)
-    assert r.status_code == 200, r.text
-    return [p["token"] for p in r.json()["choices"][0]["logprobs"]["content"]]
 
 
 @pytest.fixture(scope="module")
 def reference(stack) -> tuple[dict[int, str], list[str]]:
-    return artifacts_of(f"{stack.base_url}/api/v1/pow", NONCES, seq_len=SEQ_LEN), _greedy_tokens(stack.base_url)
+    return artifacts_of(f"{stack.base_url}/api/v1/pow", NONCES, seq_len=SEQ_LEN), greedy_tokens(stack.base_url)
 
 
 def _node_args(model_dir: Path, work: Path, address: str, master_port: int, rank: int) -> list[str]:
@@ -83,7 +76,7 @@ def nodes(model_dir, tmp_path_factory) -> Iterator[TwoNodes]:
 
 
 def test_multinode_greedy_chat_matches_single_node(nodes, reference):
-    assert _greedy_tokens(nodes.base_url) == reference[1]
+    assert greedy_tokens(nodes.base_url) == reference[1]
 
 
 def test_multinode_artifacts_match_single_node(nodes, reference):

@@ -15,19 +15,16 @@ import os
 import threading
 from collections.abc import Iterator
 
-import httpx
 import numpy as np
 import pytest
 
-from tests.integration.pow_util import Server, artifacts_of, generate, l2, validation
+from tests.integration.pow_util import Server, artifacts_of, generate, greedy_tokens, l2, validation
 
 pytestmark = pytest.mark.slow
 
 NONCES = list(range(16))
 SEQ_LEN = 32
 MAX_L2 = 0.02
-CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": 32,
-        "temperature": 0.0, "ignore_eos": True, "logprobs": True}
 CPUS = sorted(os.sched_getaffinity(0))
 TOPOLOGIES = {
     "pp2": ("--pipeline-parallel-size", "2"),
@@ -40,17 +37,12 @@ def _pow(base_url: str) -> str:
     return f"{base_url}/api/v1/pow"
 
 
-def _greedy_tokens(base_url: str) -> list[str]:
-    """The token ids (logprob token strings in the default ids format) of a greedy chat."""
-    r = httpx.post(f"{base_url}/v1/chat/completions", json=CHAT, timeout=120)
-    assert r.status_code == 200, r.text
-    return [p["token"] for p in r.json()["choices"][0]["logprobs"]["content"]]
 
 
 @pytest.fixture(scope="module")
 def reference(stack) -> tuple[dict[int, str], list[str]]:
     """The PP=TP=1 stack's artifacts and greedy chat tokens."""
-    return artifacts_of(_pow(stack.base_url), NONCES, seq_len=SEQ_LEN), _greedy_tokens(stack.base_url)
+    return artifacts_of(_pow(stack.base_url), NONCES, seq_len=SEQ_LEN), greedy_tokens(stack.base_url)
 
 
 @pytest.fixture(scope="module", params=list(TOPOLOGIES))
@@ -99,7 +91,7 @@ def test_parallel_validation_accepts_single_rank_artifacts(parallel, reference):
 def test_parallel_greedy_chat_matches_single_rank(parallel, reference):
     _, server = parallel
     _, expected = reference
-    assert _greedy_tokens(server.base_url) == expected
+    assert greedy_tokens(server.base_url) == expected
 
 
 def test_parallel_greedy_chat_beside_poc_matches_single_rank(parallel, reference):
@@ -108,7 +100,7 @@ def test_parallel_greedy_chat_beside_poc_matches_single_rank(parallel, reference
     _, server = parallel
     expected_artifacts, expected_tokens = reference
     tokens: list[list[str]] = []
-    chat = threading.Thread(target=lambda: tokens.append(_greedy_tokens(server.base_url)))
+    chat = threading.Thread(target=lambda: tokens.append(greedy_tokens(server.base_url)))
     chat.start()
     try:
         got = artifacts_of(_pow(server.base_url), NONCES, seq_len=SEQ_LEN)
