@@ -8,6 +8,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -87,6 +90,33 @@ def wait_healthy(base_url: str, *procs: Proc, timeout_s: float = 180.0) -> None:
             pass
         time.sleep(0.2)
     raise TimeoutError(f"{base_url} not healthy after {timeout_s} s:\n" + "\n".join(p.tail() for p in procs))
+
+
+@dataclass
+class Stack:
+    model_dir: Path
+    address: str
+    base_url: str
+    backend: Proc
+    frontend: Proc
+    model: str = "tiny"
+
+
+@contextmanager
+def running_stack(model_dir: Path, work: Path, *backend_extra: str) -> Iterator[Stack]:
+    """A backend (its state in `work`) and a frontend, healthy, stopped on exit."""
+    address = f"ipc://{work}/backend.ipc"
+    backend = Proc(backend_args(model_dir, address, "--state-dir", str(work / "state"), *backend_extra),
+                   work / "backend.log").start()
+    port = free_port()
+    frontend = Proc(frontend_args(address, port), work / "frontend.log").start()
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base_url, frontend, backend)
+        yield Stack(model_dir, address, base_url, backend, frontend)
+    finally:
+        frontend.stop()
+        backend.stop()
 
 
 def wait_until(predicate, timeout_s: float = 60.0, what: str = "condition"):

@@ -1,11 +1,11 @@
-"""The backend's ROUTER socket, its link to the processor process, and the two I/O threads around them.
+"""The backend's ROUTER socket, its link to the processor process, and the I/O thread that owns them.
 
 Threads and ownership (a zmq socket is used by exactly one thread):
 - io thread: owns the ROUTER and the link's PAIR. It decodes incoming frames into typed messages and puts
   `(identity, msg)` on the inbox; it encodes what other threads put on the outbox and sends it to the ROUTER or the
   link; and it forwards the processor's encoded deltas from the link to the ROUTER, unread.
 - any other thread (the engine thread, the store writer, ...) only appends to the outbox and writes a byte to a
-  wake-up pipe that the io thread polls with its sockets. So a reply is one thread hop from the engine thread to
+  wake-up socket pair that the io thread polls with its sockets. So a reply is one thread hop from the engine thread to
   the wire (a separate encode thread cost a second wake-up on every message: ~0.1 ms a hop on a loaded machine),
   and the engine thread never touches a socket and never encodes.
 With CURVE on, the io thread also runs the ROUTER's CurveGate (ZAP handler and handshake monitor, backend/curve.py).

@@ -13,8 +13,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from tests.conftest import Stack
-from tests.stack import REPO, Proc, backend_args, free_port, frontend_args, wait_healthy
+from tests.stack import REPO, Stack, backend_args, running_stack
 
 MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
 THOUGHT = "<think>Two and two make four.</think>The answer is 4."
@@ -26,19 +25,8 @@ THOUGHT_THEN_CALL = ('<think>I need the weather.</think>\n'
 
 @pytest.fixture(scope="module")
 def thinking(model_dir, tmp_path_factory) -> Iterator[Stack]:
-    work = tmp_path_factory.mktemp("thinking")
-    address = f"ipc://{work}/backend.ipc"
-    backend = Proc(backend_args(model_dir, address, "--state-dir", str(work / "state"), "--reasoning-parser",
-                                "qwen3"), work / "backend.log").start()
-    port = free_port()
-    frontend = Proc(frontend_args(address, port), work / "frontend.log").start()
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(base_url, frontend, backend)
-        yield Stack(model_dir, address, base_url, backend, frontend)
-    finally:
-        frontend.stop()
-        backend.stop()
+    with running_stack(model_dir, tmp_path_factory.mktemp("thinking"), "--reasoning-parser", "qwen3") as stack:
+        yield stack
 
 
 @pytest.fixture(scope="module")
