@@ -21,6 +21,7 @@ from pathlib import Path
 import structlog
 import zmq
 
+from backend.engine import compat
 from backend.pow.store import StoreError, open_store
 from backend.settings import BackendSettings, load_settings
 from backend.transport.control import ControlPlane
@@ -181,6 +182,10 @@ def _remove_dir(path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    # First of all: torch reads the CPU engine's OpenMP thread count once, when it loads, and the link codec, the
+    # model generator and the engine all import it. Set later, the engine ran two spinning threads on two cores
+    # and its steps slowed ~10x whenever anything else ran.
+    compat.prepare_environment()
     try:
         settings = load_settings(argv)
     except SettingsError as e:

@@ -15,7 +15,8 @@ from backend.engine import compat
 
 compat.prepare_environment()
 
-import vllm  # noqa: E402  (after prepare_environment, on purpose)
+import torch  # noqa: E402  (after prepare_environment, on purpose)
+import vllm  # noqa: E402
 from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest  # noqa: E402
 from vllm.v1.engine.core import EngineCore  # noqa: E402
 from vllm.v1.executor import Executor  # noqa: E402
@@ -63,7 +64,7 @@ class Engine:
         log.info("engine_ready", model=str(settings.model), vllm_version=vllm.__version__,
                  block_size=compat.block_size(self.core), tensor_parallel_size=settings.tensor_parallel_size,
                  pipeline_parallel_size=settings.pipeline_parallel_size, poc_layer_ranges=self.poc.layer_ranges,
-                 elapsed_s=round(time.monotonic() - started, 1))
+                 torch_threads=torch.get_num_threads(), elapsed_s=round(time.monotonic() - started, 1))
 
     def fingerprint(self) -> Fingerprint:
         cfg = self.vllm_config
