@@ -70,6 +70,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.2)
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs / torch.compile on either side")
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--systems", default="ours,vllm", help="comma-separated, run in this order")
     p.add_argument("--startup-timeout-s", type=float, default=900.0)
     p.add_argument("--log-dir", type=Path, default=None, help="child logs (default: /tmp/pocserve-bench-*)")
@@ -93,7 +94,8 @@ def _engine_flags(args: argparse.Namespace) -> list[str]:
     flags = ["--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
              "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--seed", str(args.seed),
              "--gpu-memory-utilization", str(args.gpu_memory_utilization),
-             "--logprobs-mode", "processed_logprobs", "--served-model-name", SERVED_NAME]
+             "--logprobs-mode", "processed_logprobs", "--served-model-name", SERVED_NAME,
+             "--tensor-parallel-size", str(args.tensor_parallel_size)]
     return flags + (["--enforce-eager"] if args.enforce_eager else [])
 
 

@@ -3,8 +3,8 @@ on loopback, TP=2 with one rank on each, through vLLM's multiprocessing executor
 and validation must agree with the shared single-node stack, and a worker node must leave once node 0 is gone
 (so that its supervisor restarts it and it joins node 0's next engine).
 
-Each node binds its rank to a core of its own (VLLM_CPU_OMP_THREADS_BIND, as an operator with two hosts never
-needs to) and names its loopback address for vLLM's cross-node queues (VLLM_HOST_IP).
+Each node binds its rank to a core of its own (VLLM_CPU_OMP_THREADS_BIND; on GPUs, a GPU of its own), as two hosts
+would have, and names its loopback address for vLLM's cross-node queues (VLLM_HOST_IP).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from backend.engine import compat
 from tests.integration.pow_util import artifacts_of, generate, greedy_tokens, l2, validation
 from tests.stack import Proc, backend_args, free_port, frontend_args, wait_healthy
 
@@ -55,13 +56,16 @@ def _node_args(model_dir: Path, work: Path, address: str, master_port: int, rank
 
 @pytest.fixture(scope="module")
 def nodes(model_dir, tmp_path_factory) -> Iterator[TwoNodes]:
-    if len(CPUS) < 2:
+    if compat.is_cpu_build() and len(CPUS) < 2:
         pytest.skip("needs two cores")
     work = tmp_path_factory.mktemp("two-nodes")
     address, master_port, port = f"ipc://{work}/backend.ipc", free_port(), free_port()
 
     def env(rank: int) -> dict[str, str]:
-        return {"VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_OMP_THREADS_BIND": str(CPUS[rank])}
+        # Each "host" its own core (CPU engine) or GPU, as two machines would have.
+        device = {"VLLM_CPU_OMP_THREADS_BIND": str(CPUS[rank])} if compat.is_cpu_build() else \
+            {"CUDA_VISIBLE_DEVICES": str(rank)}
+        return {"VLLM_HOST_IP": "127.0.0.1", **device}
 
     worker = Proc(_node_args(model_dir, work, address, master_port, 1), work / "node1.log", env=env(1)).start()
     head = Proc(_node_args(model_dir, work, address, master_port, 0), work / "node0.log", env=env(0)).start()
