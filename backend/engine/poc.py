@@ -9,6 +9,7 @@ stage has the artifacts, so the first answer that is not None is taken: the firs
 from __future__ import annotations
 
 import structlog
+from vllm import envs as vllm_envs
 
 from backend.engine import compat
 from common.config import SettingsError
@@ -72,9 +73,12 @@ class PocRunner:
         try:
             block_ids = [b.block_id for b in blocks]
             assert 0 not in block_ids, "the null block must never be leased"
+            # vLLM's own bound on a model step: a rank that never answers (a worker node gone) fails the engine,
+            # which exits for its supervisor, instead of hanging the engine thread.
             results = self._core.collective_rpc(
-                "poc_artifacts", args=(block_ids, spec.block_hash, spec.public_key, list(nonces), spec.seq_len,
-                                       spec.k_dim, spec.stronger_rng))
+                "poc_artifacts", timeout=vllm_envs.VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS,
+                args=(block_ids, spec.block_hash, spec.public_key, list(nonces), spec.seq_len, spec.k_dim,
+                      spec.stronger_rng))
             result = next(r for r in results if r is not None)
         finally:
             self._pool.free_blocks(blocks)
