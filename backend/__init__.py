@@ -12,7 +12,8 @@ Engine process (`python -m backend`, backend/__main__.py):
   outbox (they append and write one byte to a wake-up socket it polls).
 - store writer thread (pow/store.py): the only SQLite connection; runs submitted writes in order and their
   completion callbacks (a persisted job's reply goes to the outbox from here).
-- callback dispatcher thread and its POST pool (pow/callbacks.py): the in-memory view of the outbox, HTTP out.
+- callback dispatcher thread and its POST pool (pow/callbacks.py): the in-memory view of the outbox (its rows and
+  their SQL: pow/outbox.py, run on the store thread), HTTP out.
 - pow-stop-flush thread (pow/service.py): one per /stop, waits for the bounded callback flush, then replies.
 
 Processor process (processor/, spawned by the engine process, gone with it):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import queue
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -31,13 +30,12 @@ import httpx
 import msgspec
 import structlog
 
+from backend.pow import outbox
+from backend.pow.outbox import JOB, STREAM, OutboxRow
 from backend.pow.results import MinedBody
 from backend.pow.store import Store, StoreError
 
 log = structlog.get_logger(__name__)
-
-STREAM = "stream"
-JOB = "job"
 
 # Bounds one merged body after a long outage; the rest goes in the next POST.
 _MAX_ROWS_PER_POST = 1000
@@ -46,32 +44,17 @@ _MAX_WAIT_S = 0.5
 
 
 @dataclass(slots=True)
-class _Row:
-    id: int
-    url: str
-    path: str
-    kind: str
-    # A stream row's body is merged with its group's before it is sent; a job row's goes as it is (a row
-    # loaded from the outbox keeps its stored JSON, unparsed).
-    body: MinedBody | msgspec.Struct | msgspec.Raw
-    attempts: int
-    next_attempt_at: float
-    created_at: float
-    key: tuple = ()  # its group's, set when the dispatcher first sees it
-
-
-@dataclass(slots=True)
 class _Group:
     key: tuple
     gate_at: float  # no POST before this: the interval after a success, the backoff after a failure
-    rows: dict[int, _Row] = field(default_factory=dict)
+    rows: dict[int, OutboxRow] = field(default_factory=dict)
     is_in_flight: bool = False
 
 
 @dataclass(slots=True)
 class _Result:
     group: _Group
-    rows: list[_Row]
+    rows: list[OutboxRow]
     status: int | None
     error: Exception | None
 
@@ -104,7 +87,7 @@ class CallbackSender:
         self.max_concurrent = max_concurrent
         self._clock = clock  # wall clock: next_attempt_at is persisted
         # What a previous process left undelivered (blocking: this runs once, at startup).
-        loaded = store.call(_select_all)
+        loaded = store.call(outbox.select_all)
         self._client: httpx.Client | None = None
         if post is None:
             limits = httpx.Limits(max_connections=max_concurrent, max_keepalive_connections=max_concurrent)
@@ -114,8 +97,8 @@ class CallbackSender:
         # Rows delivered / dropped (cap or retries) / failed and rescheduled; rows waiting.
         self.num_delivered = self.num_dropped = self.num_retries = 0
         self.backlog = len(loaded)
-        self._inbox: queue.SimpleQueue[_Row | _Result | _Flush | None] = queue.SimpleQueue()
-        self._rows: dict[int, _Row] = {}  # insertion order is age order: the cap drops from the front
+        self._inbox: queue.SimpleQueue[OutboxRow | _Result | _Flush | None] = queue.SimpleQueue()
+        self._rows: dict[int, OutboxRow] = {}  # insertion order is age order: the cap drops from the front
         self._groups: dict[tuple, _Group] = {}
         self._flushes: list[_Flush] = []
         self._num_in_flight = 0
@@ -172,7 +155,7 @@ class CallbackSender:
 
     def _add(self, url: str, path: str, kind: str, body: msgspec.Struct) -> None:
         now = self._clock()
-        row = _Row(0, url, path, kind, body, 0, now, now)
+        row = OutboxRow(0, url, path, kind, body, 0, now, now)
 
         def on_done(result: Any) -> None:
             if isinstance(result, BaseException):
@@ -181,13 +164,13 @@ class CallbackSender:
                 log.error("callback_not_persisted", url=url, kind=kind, error=repr(result))
             self._inbox.put(row)
 
-        self._store.submit(_insert(row), on_done)
+        self._store.submit(outbox.insert(row), on_done)
 
     def _http_post(self, url: str, body: bytes) -> int:
         assert self._client is not None, "the default poster is the HTTP client's"
         return self._client.post(url, content=body, headers={"content-type": "application/json"}).status_code
 
-    def _post_group(self, group: _Group, rows: list[_Row]) -> None:  # pool thread
+    def _post_group(self, group: _Group, rows: list[OutboxRow]) -> None:  # pool thread
         first = rows[0]
         if first.kind == STREAM:  # one POST for the group: its rows differ only in their artifacts
             body = msgspec.json.encode(_merged([r.body for r in rows]))
@@ -200,7 +183,7 @@ class CallbackSender:
 
     # --- dispatcher thread ---
 
-    def _run(self, loaded: list[_Row]) -> None:
+    def _run(self, loaded: list[OutboxRow]) -> None:
         now = self._clock()
         for row in loaded:
             self._add_row(row, gate_at=now)  # a restart resends everything at once
@@ -230,7 +213,7 @@ class CallbackSender:
             return
         while True:
             match item:
-                case _Row():
+                case OutboxRow():
                     self._add_row(item)
                 case _Result():
                     self._on_result(item)
@@ -248,7 +231,7 @@ class CallbackSender:
         gates = (g.gate_at for g in self._groups.values() if not g.is_in_flight)
         return max(0.0, min(min(gates, default=now + _MAX_WAIT_S), now + _MAX_WAIT_S) - now)
 
-    def _add_row(self, row: _Row, gate_at: float | None = None) -> None:
+    def _add_row(self, row: OutboxRow, gate_at: float | None = None) -> None:
         self._rows[row.id] = row
         row.key = _group_key(row)
         group = self._groups.get(row.key)
@@ -298,8 +281,7 @@ class CallbackSender:
             for row in retried:
                 row.next_attempt_at = group.gate_at
             self.num_retries += len(retried)
-            self._store.submit(_execute_many("UPDATE outbox SET attempts = ?, next_attempt_at = ? WHERE id = ?",
-                                             [(r.attempts, r.next_attempt_at, r.id) for r in retried]))
+            self._store.submit(outbox.reschedule(retried))
             log.warning("callback_failed", url=rows[0].url, kind=rows[0].kind, num_rows=len(retried),
                         attempts=attempts, retry_in_s=round(group.gate_at - now, 3), reason=reason)
         if dropped:
@@ -313,7 +295,7 @@ class CallbackSender:
             if victims:
                 self._drop(victims, "callback_outbox_full", max_outbox=self.max_outbox)
 
-    def _drop(self, rows: list[_Row], event: str, **fields: Any) -> None:
+    def _drop(self, rows: list[OutboxRow], event: str, **fields: Any) -> None:
         ids = {r.id for r in rows}
         for f in self._flushes:
             with f.lock:
@@ -325,7 +307,7 @@ class CallbackSender:
         log.error(event, url=rows[0].url, kind=rows[0].kind, num_rows=len(rows), num_dropped=self.num_dropped,
                   **fields)
 
-    def _remove(self, rows: list[_Row]) -> None:
+    def _remove(self, rows: list[OutboxRow]) -> None:
         """Forgets rows here and deletes them from the file (they were delivered or dropped)."""
         for row in rows:
             del self._rows[row.id]
@@ -333,9 +315,9 @@ class CallbackSender:
             del group.rows[row.id]
             if not group.rows and not group.is_in_flight:
                 del self._groups[row.key]
-        stored = [(r.id,) for r in rows if r.id > 0]
+        stored = [r.id for r in rows if r.id > 0]
         if stored:
-            self._store.submit(_execute_many("DELETE FROM outbox WHERE id = ?", stored))
+            self._store.submit(outbox.delete(stored))
 
     def _start_flush(self, request: _Flush) -> None:
         with request.lock:
@@ -346,7 +328,7 @@ class CallbackSender:
         else:
             request.done.set()
 
-    def _resolve_flushes(self, rows: list[_Row], *, is_ok: bool) -> None:
+    def _resolve_flushes(self, rows: list[OutboxRow], *, is_ok: bool) -> None:
         for f in self._flushes:
             with f.lock:
                 for row in rows:
@@ -367,7 +349,7 @@ def _merged(bodies: list) -> MinedBody:
     return msgspec.structs.replace(first, artifacts=[a for b in bodies for a in b.artifacts])
 
 
-def _group_key(row: _Row) -> tuple:
+def _group_key(row: OutboxRow) -> tuple:
     if row.kind == STREAM:
         return STREAM, row.url, row.path, _without_artifacts(row.body)
     return JOB, row.id
@@ -376,37 +358,3 @@ def _group_key(row: _Row) -> tuple:
 def _without_artifacts(body) -> bytes:
     assert isinstance(body, MinedBody), "stream rows are mining batches"
     return msgspec.json.encode(msgspec.structs.replace(body, artifacts=[]))
-
-
-# --- store functions (run on the store's thread) ---
-
-def _insert(row: _Row) -> Callable[[sqlite3.Connection], _Row]:
-    def fn(conn: sqlite3.Connection) -> _Row:
-        cur = conn.execute(
-            "INSERT INTO outbox (url, path, kind, payload, attempts, next_attempt_at, created_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (row.url, row.path, row.kind, msgspec.json.encode(row.body).decode(), row.attempts,
-             row.next_attempt_at, row.created_at))
-        assert cur.lastrowid is not None
-        row.id = cur.lastrowid  # the row reaches the dispatcher only through on_done, after this
-        return row
-    return fn
-
-
-def _execute_many(sql: str, params: list[tuple]) -> Callable[[sqlite3.Connection], None]:
-    def fn(conn: sqlite3.Connection) -> None:
-        conn.executemany(sql, params)
-    return fn
-
-
-def _select_all(conn: sqlite3.Connection) -> list[_Row]:
-    rows = conn.execute("SELECT id, url, path, kind, payload, attempts, next_attempt_at, created_at "
-                        "FROM outbox ORDER BY id").fetchall()
-    return [_Row(i, url, path, kind, _stored_body(kind, payload), attempts, next_at, created_at)
-            for i, url, path, kind, payload, attempts, next_at, created_at in rows]
-
-
-def _stored_body(kind: str, payload: str) -> MinedBody | msgspec.Raw:
-    if kind == STREAM:
-        return msgspec.json.decode(payload, type=MinedBody)
-    return msgspec.Raw(payload.encode())

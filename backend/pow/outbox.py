@@ -1,0 +1,73 @@
+"""The callback outbox as the SQLite table holds it: one row per callback, and the store functions that read and write
+rows (they run on the store's thread). The sender (callbacks.py) keeps the in-memory view and decides what to send.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+
+from backend.pow.results import MinedBody
+
+# Row kinds: one mining batch (merged with its group's before it is sent), or one /generate job's result.
+STREAM = "stream"
+JOB = "job"
+
+
+@dataclass(slots=True)
+class OutboxRow:
+    id: int
+    url: str
+    path: str
+    kind: str
+    # A stream row's body is merged with its group's before it is sent; a job row's goes as it is (a row
+    # loaded from the outbox keeps its stored JSON, unparsed).
+    body: MinedBody | msgspec.Struct | msgspec.Raw
+    attempts: int
+    next_attempt_at: float
+    created_at: float
+    key: tuple = ()  # its group's, set when the dispatcher first sees it
+
+
+def insert(row: OutboxRow) -> Callable[[sqlite3.Connection], OutboxRow]:
+    def fn(conn: sqlite3.Connection) -> OutboxRow:
+        cur = conn.execute(
+            "INSERT INTO outbox (url, path, kind, payload, attempts, next_attempt_at, created_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (row.url, row.path, row.kind, msgspec.json.encode(row.body).decode(), row.attempts,
+             row.next_attempt_at, row.created_at))
+        assert cur.lastrowid is not None
+        row.id = cur.lastrowid  # the row reaches the dispatcher only through on_done, after this
+        return row
+    return fn
+
+
+def reschedule(rows: list[OutboxRow]) -> Callable[[sqlite3.Connection], None]:
+    """Their attempt counts and next attempt times, as the sender set them after a failure."""
+    params = [(r.attempts, r.next_attempt_at, r.id) for r in rows]
+
+    def fn(conn: sqlite3.Connection) -> None:
+        conn.executemany("UPDATE outbox SET attempts = ?, next_attempt_at = ? WHERE id = ?", params)
+    return fn
+
+
+def delete(ids: list[int]) -> Callable[[sqlite3.Connection], None]:
+    def fn(conn: sqlite3.Connection) -> None:
+        conn.executemany("DELETE FROM outbox WHERE id = ?", [(i,) for i in ids])
+    return fn
+
+
+def select_all(conn: sqlite3.Connection) -> list[OutboxRow]:
+    rows = conn.execute("SELECT id, url, path, kind, payload, attempts, next_attempt_at, created_at "
+                        "FROM outbox ORDER BY id").fetchall()
+    return [OutboxRow(i, url, path, kind, _stored_body(kind, payload), attempts, next_at, created_at)
+            for i, url, path, kind, payload, attempts, next_at, created_at in rows]
+
+
+def _stored_body(kind: str, payload: str) -> MinedBody | msgspec.Raw:
+    if kind == STREAM:
+        return msgspec.json.decode(payload, type=MinedBody)
+    return msgspec.Raw(payload.encode())
