@@ -12,19 +12,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import time
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 
-from bench.zmq_overhead import MODEL, completion
-from protocol.common import Fingerprint
-from protocol.generate import Delta
-from protocol.version import PROTOCOL_VERSION
-
-BODY = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
-                   "temperature": 0.0}).encode()
+from bench.zmq_overhead import BODY, bare_app, fingerprint, one_token_delta
 
 
 class InstantBackend:
@@ -34,9 +27,7 @@ class InstantBackend:
     stats = None
     refusals = None
     num_malformed_replies = 0
-    fingerprint = Fingerprint(protocol_version=PROTOCOL_VERSION, served_model_name=MODEL, model_path="/bench",
-                              max_model_len=1024, block_size=16, dtype="bfloat16", vllm_version="none",
-                              engine_device="none", poc_code_version="none")
+    fingerprint = fingerprint()
 
     def __init__(self) -> None:
         self._num = 0
@@ -46,19 +37,7 @@ class InstantBackend:
         return f"r-{self._num}"
 
     async def generate(self, req):
-        yield Delta(rid=req.rid, text="x", token_ids=[1], finish_reason="length", num_prompt_tokens=3,
-                    num_generated_tokens=1)
-
-
-def bare_app() -> FastAPI:
-    app = FastAPI(title="bare")
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> dict:
-        body = await request.json()
-        return completion(body["model"])
-
-    return app
+        yield one_token_delta(req.rid)
 
 
 def our_app() -> FastAPI:

@@ -13,7 +13,7 @@ import time
 
 import structlog
 
-from backend.engine import compat, parallel
+from backend.engine import parallel
 from backend.settings import BackendSettings
 
 log = structlog.get_logger(__name__)
@@ -34,8 +34,8 @@ def _reachable(host: str, port: int, timeout_s: float = 2.0) -> bool:
 
 
 def run_worker_node(settings: BackendSettings) -> int:
-    """Runs until a local worker dies or node 0 is gone (1), or SIGTERM/SIGINT (0)."""
-    compat.prepare_environment()
+    """Runs until a local worker dies or node 0 is gone (1), or SIGTERM/SIGINT (0). The process environment is
+    prepared already (backend/__main__.py)."""
     from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
     from backend.engine.args import USAGE_CONTEXT, engine_args

@@ -106,12 +106,9 @@ class Processor:
             case ForgetRequest():
                 self._presenter.forget(msg.engine_rids)
             case MetricsJob():
-                text = self._presenter.metrics.render() if self._presenter.metrics is not None else b""
-                self._link.send_multipart([FORWARD, msg.identity, self._frontend_codec.encode(
-                    MetricsReply(rid=msg.rid, text=text))])
+                self._reply(msg, MetricsReply(rid=msg.rid, text=self._presenter.metrics.render()))
             case EngineBuilt():
-                if self._presenter.metrics is not None:
-                    self._presenter.metrics.engine_built(msg.num_gpu_blocks)
+                self._presenter.metrics.engine_built(msg.num_gpu_blocks)
             case _:  # EngineCoreOutputs
                 self._present(msg)
 
@@ -138,7 +135,7 @@ class Processor:
         else:
             self._admit(msg, outcome)
 
-    def _reply(self, job: TokenizeJob, reply) -> None:
+    def _reply(self, job: TokenizeJob | MetricsJob, reply) -> None:
         self._link.send_multipart([FORWARD, job.identity, self._frontend_codec.encode(reply)])
 
     def _admit(self, msg: PrepareRequest, tokenized) -> None:

@@ -36,7 +36,7 @@ class Route:
 
 
 class Presenter:
-    def __init__(self, output_processor, tokenizer, metrics: VllmMetrics | None = None) -> None:
+    def __init__(self, output_processor, tokenizer, metrics: VllmMetrics) -> None:
         self._outputs = output_processor
         self._tokenizer = tokenizer
         self.stats = ChatStats()
@@ -82,8 +82,7 @@ class Presenter:
         self._outputs.update_scheduler_stats(outputs.scheduler_stats)
         if iteration_stats is not None:
             self.stats.record(iteration_stats)
-        if self.metrics is not None:
-            self.metrics.record(outputs.scheduler_stats, iteration_stats)
+        self.metrics.record(outputs.scheduler_stats, iteration_stats)
         # Stop strings are found here, not in the engine: its requests run on until the engine aborts them.
         stopped = [i for i in processed.reqs_to_abort if i in self._by_internal]
         by_frontend: dict[bytes, list[Delta]] = defaultdict(list)

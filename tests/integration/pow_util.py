@@ -202,7 +202,10 @@ def metric(base_url: str, name: str) -> float:
     return values[name]
 
 
-# A greedy chat whose tokens must match across topologies (test_parallel.py, test_multinode.py).
+# What every topology is held against the single-rank stack with (test_parallel.py, test_multinode.py): these
+# nonces' artifacts at this seq_len, and the tokens of a greedy chat.
+TOPOLOGY_NONCES = list(range(16))
+TOPOLOGY_SEQ_LEN = 32
 GREEDY_CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": 32,
                "temperature": 0.0, "ignore_eos": True, "logprobs": True}
 

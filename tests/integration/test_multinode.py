@@ -18,13 +18,23 @@ from pathlib import Path
 import pytest
 
 from backend.engine import compat
-from tests.integration.pow_util import artifacts_of, generate, greedy_tokens, l2, validation
+from tests.integration.pow_util import (
+    TOPOLOGY_NONCES as NONCES,
+)
+from tests.integration.pow_util import (
+    TOPOLOGY_SEQ_LEN as SEQ_LEN,
+)
+from tests.integration.pow_util import (
+    artifacts_of,
+    generate,
+    greedy_tokens,
+    l2,
+    validation,
+)
 from tests.stack import Proc, backend_args, free_port, frontend_args, wait_healthy
 
 pytestmark = pytest.mark.slow
 
-NONCES = list(range(16))
-SEQ_LEN = 32
 MAX_L2 = 0.02
 CPUS = sorted(os.sched_getaffinity(0))
 
@@ -41,11 +51,6 @@ class TwoNodes:
         return f"{self.base_url}/api/v1/pow"
 
 
-
-
-@pytest.fixture(scope="module")
-def reference(stack) -> tuple[dict[int, str], list[str]]:
-    return artifacts_of(f"{stack.base_url}/api/v1/pow", NONCES, seq_len=SEQ_LEN), greedy_tokens(stack.base_url)
 
 
 def _node_args(model_dir: Path, work: Path, address: str, master_port: int, rank: int) -> list[str]:
@@ -79,19 +84,19 @@ def nodes(model_dir, tmp_path_factory) -> Iterator[TwoNodes]:
             proc.stop()
 
 
-def test_multinode_greedy_chat_matches_single_node(nodes, reference):
-    assert greedy_tokens(nodes.base_url) == reference[1]
+def test_multinode_greedy_chat_matches_single_node(nodes, single_rank_reference):
+    assert greedy_tokens(nodes.base_url) == single_rank_reference[1]
 
 
-def test_multinode_artifacts_match_single_node(nodes, reference):
-    expected, _ = reference
+def test_multinode_artifacts_match_single_node(nodes, single_rank_reference):
+    expected, _ = single_rank_reference
     got = artifacts_of(nodes.pow, NONCES, seq_len=SEQ_LEN)
     assert got.keys() == expected.keys()
     assert max(l2(got[n], expected[n]) for n in expected) < MAX_L2
 
 
-def test_multinode_validation_accepts_single_node_artifacts(nodes, reference):
-    expected, _ = reference
+def test_multinode_validation_accepts_single_node_artifacts(nodes, single_rank_reference):
+    expected, _ = single_rank_reference
     r = generate(nodes.pow, NONCES, seq_len=SEQ_LEN, validation=validation(expected))
     assert r.status_code == 200, r.text
     body = r.json()

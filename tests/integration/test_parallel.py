@@ -19,12 +19,23 @@ import numpy as np
 import pytest
 
 from backend.engine import compat
-from tests.integration.pow_util import Server, artifacts_of, generate, greedy_tokens, l2, validation
+from tests.integration.pow_util import (
+    TOPOLOGY_NONCES as NONCES,
+)
+from tests.integration.pow_util import (
+    TOPOLOGY_SEQ_LEN as SEQ_LEN,
+)
+from tests.integration.pow_util import (
+    Server,
+    artifacts_of,
+    generate,
+    greedy_tokens,
+    l2,
+    validation,
+)
 
 pytestmark = pytest.mark.slow
 
-NONCES = list(range(16))
-SEQ_LEN = 32
 MAX_L2 = 0.02
 CPUS = sorted(os.sched_getaffinity(0))
 TOPOLOGIES = {
@@ -43,12 +54,6 @@ def _pow(base_url: str) -> str:
 def _gpus() -> int:
     import torch
     return torch.cuda.device_count()
-
-
-@pytest.fixture(scope="module")
-def reference(stack) -> tuple[dict[int, str], list[str]]:
-    """The PP=TP=1 stack's artifacts and greedy chat tokens."""
-    return artifacts_of(_pow(stack.base_url), NONCES, seq_len=SEQ_LEN), greedy_tokens(stack.base_url)
 
 
 @pytest.fixture(scope="module", params=list(TOPOLOGIES))
@@ -76,9 +81,9 @@ def parallel(request, model_dir, tmp_path_factory) -> Iterator[tuple[str, Server
         server.stop()
 
 
-def test_parallel_artifacts_match_single_rank(parallel, reference, record_property):
+def test_parallel_artifacts_match_single_rank(parallel, single_rank_reference, record_property):
     name, server = parallel
-    expected, _ = reference
+    expected, _ = single_rank_reference
     got = artifacts_of(_pow(server.base_url), NONCES, seq_len=SEQ_LEN)
     assert got.keys() == expected.keys(), "the same nonces must survive the NaN filter on both"
     distances = [l2(got[n], expected[n]) for n in sorted(expected)]
@@ -88,9 +93,9 @@ def test_parallel_artifacts_match_single_rank(parallel, reference, record_proper
     assert max(distances) < MAX_L2
 
 
-def test_parallel_validation_accepts_single_rank_artifacts(parallel, reference):
+def test_parallel_validation_accepts_single_rank_artifacts(parallel, single_rank_reference):
     _, server = parallel
-    expected, _ = reference
+    expected, _ = single_rank_reference
     r = generate(_pow(server.base_url), NONCES, seq_len=SEQ_LEN, validation=validation(expected))
     assert r.status_code == 200, r.text
     body = r.json()
@@ -98,17 +103,17 @@ def test_parallel_validation_accepts_single_rank_artifacts(parallel, reference):
         "completed", len(NONCES), 0, False), body
 
 
-def test_parallel_greedy_chat_matches_single_rank(parallel, reference):
+def test_parallel_greedy_chat_matches_single_rank(parallel, single_rank_reference):
     _, server = parallel
-    _, expected = reference
+    _, expected = single_rank_reference
     assert greedy_tokens(server.base_url) == expected
 
 
-def test_parallel_greedy_chat_beside_poc_matches_single_rank(parallel, reference):
+def test_parallel_greedy_chat_beside_poc_matches_single_rank(parallel, single_rank_reference):
     """PoC forwards interleaved with the chat's steps (a job competes with chat): on a PP backend they pass
     through the same stage-to-stage links as the chat batches in flight, and must not disturb them."""
     _, server = parallel
-    expected_artifacts, expected_tokens = reference
+    expected_artifacts, expected_tokens = single_rank_reference
     tokens: list[list[str]] = []
     chat = threading.Thread(target=lambda: tokens.append(greedy_tokens(server.base_url)))
     chat.start()
