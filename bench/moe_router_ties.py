@@ -8,10 +8,13 @@ routing hardly matters; at 10:5 it is about as large as the residual and the rou
 units, as in a trained model (the script prints the ratio of the MoE output's norm to the residual's).
 
 For each, the served engine (backend + frontend, PoC through the HTTP API) and tests/reference_poc.py's
-HF-transformers forward compute the same nonces. The script prints the fraction of nonces with L2 > 0.02 (and
-> 0.4, the network's loosest threshold), and the smallest top-k router margin at the last position (logit k
-minus logit k+1, minimum over layers, from the HF forward) of the jumping nonces and of the others: a jump
-with a tiny margin is a near-tie that the two implementations' rounding resolved differently.
+HF-transformers forward compute the same nonces. With --against tp2 (or pp2) the served engine at TP=PP=1 is
+compared with itself at TP=2 (PP=2) instead: does tensor parallelism's reduction order flip near-tied routes?
+
+The script prints the fraction of nonces with L2 > 0.02 (and > 0.4, the network's loosest threshold), and the
+smallest top-k router margin at the last position (logit k minus logit k+1, minimum over layers, from the HF
+forward) of the jumping nonces and of the others: a jump with a tiny margin is a near-tie that the two
+implementations' rounding resolved differently.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from tests.stack import backend_args, frontend_args
 BLOCK_HASH, PUBLIC_KEY = "TIES_BLOCK", "ties_key"
 THRESHOLDS = (0.02, 0.05, 0.1, 0.2, 0.4)  # 0.02: the tests' bound; 0.2-0.4: the chain's dist_threshold
 NEAR_TIE = 0.05  # router logits closer than this at the last position: within reach of bf16 rounding
+TOPOLOGY_FLAGS = {"tp2": ("--tensor-parallel-size", "2"), "pp2": ("--pipeline-parallel-size", "2")}
 
 
 def scaled_model(src: Path, dst: Path, gate_scale: float, expert_scale: float) -> Path:
@@ -51,9 +55,10 @@ def scaled_model(src: Path, dst: Path, gate_scale: float, expert_scale: float) -
     return dst
 
 
-def served_artifacts(model_dir: Path, work: Path, nonces: list[int], seq_len: int, batch: int) -> dict[int, str]:
+def served_artifacts(model_dir: Path, work: Path, nonces: list[int], seq_len: int, batch: int,
+                     extra: tuple[str, ...] = ()) -> dict[int, str]:
     address, port = f"ipc://{work}/backend.ipc", free_port()
-    procs = [Proc("backend", backend_args(model_dir, address, "--state-dir", str(work / "state")),
+    procs = [Proc("backend", backend_args(model_dir, address, "--state-dir", str(work / "state"), *extra),
                   work / "backend.log").start()]
     try:
         procs.append(Proc("frontend", frontend_args(address, port), work / "frontend.log").start())
@@ -120,10 +125,13 @@ def measure(src: Path, work: Path, gate_scale: float, expert_scale: float, args)
     served = served_artifacts(model_dir, work, nonces, args.seq_len, args.batch)
     served_s = time.monotonic() - started
     ref, diag = reference(model_dir, nonces, args.seq_len, args.batch)
+    if args.against != "hf":  # the served engine at another topology; the margins still come from the HF forward
+        ref = served_artifacts(model_dir, work / args.against, nonces, args.seq_len, args.batch,
+                               TOPOLOGY_FLAGS[args.against])
     l2 = np.array([np.linalg.norm(decode_vector(served[n]) - decode_vector(ref[n])) for n in nonces])
     margin = np.array([diag["min_margin"][n] for n in nonces])
     near_tie = margin < NEAR_TIE
-    row = {"gate_scale": gate_scale, "expert_scale": expert_scale, "num_nonces": len(nonces),
+    row = {"against": args.against, "gate_scale": gate_scale, "expert_scale": expert_scale, "num_nonces": len(nonces),
            "seq_len": args.seq_len, "served_s": round(served_s, 1),
            "moe_out_over_residual": round(diag["moe_out_over_residual"], 3),
            "l2_quantiles": {q: round(float(np.quantile(l2, q)), 5) for q in (0.5, 0.9, 0.99, 1.0)},
@@ -146,6 +154,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--scales", nargs="+", default=["1:1", "10:5"], help="GATE:EXPERT weight multipliers")
+    p.add_argument("--against", default="hf", choices=["hf", *TOPOLOGY_FLAGS],
+                   help="compare the served engine (TP=PP=1) with the HF reference or with itself at TP=2 / PP=2")
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
     raise_on_signals()
@@ -160,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
             print(json.dumps(row), flush=True)
     for r in rows:
         over = "  ".join(f">{t}: {r['num_l2_over'][t]} ({100 * r['frac_l2_over'][t]:.2f}%)" for t in THRESHOLDS)
-        print(f"gate x{r['gate_scale']:g} experts x{r['expert_scale']:g} (MoE out/residual "
+        print(f"vs {r['against']}: gate x{r['gate_scale']:g} experts x{r['expert_scale']:g} (MoE out/residual "
               f"{r['moe_out_over_residual']}), {r['num_nonces']} nonces, L={r['seq_len']}: L2 {over}; "
               f"p50/p90/p99/max {list(r['l2_quantiles'].values())}; near-tie (margin < {NEAR_TIE}) nonces "
               f"{100 * r['frac_near_tie']:.1f}%, of which L2 > 0.1: {r['frac_near_tie_with_l2_over_0.1']}, "

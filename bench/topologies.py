@@ -117,7 +117,8 @@ def compare(a: dict[int, str], b: dict[int, str]) -> dict:
     common = sorted(a.keys() & b.keys())
     distances = np.array([float(np.linalg.norm(decode_vector(a[n]) - decode_vector(b[n]))) for n in common])
     out: dict = {"n": len(common), "only_one_side": len(a.keys() ^ b.keys()), "mean": float(distances.mean()),
-                 "p99": float(np.percentile(distances, 99)), "max": float(distances.max())}
+                 "p50": float(np.percentile(distances, 50)), "p99": float(np.percentile(distances, 99)),
+                 "max": float(distances.max())}
     for name, test in STAT_TESTS:
         n_mismatch = int((distances > test.dist_threshold).sum()) + out["only_one_side"]
         p_value, fraud = fraud_test(n_mismatch, len(common) + out["only_one_side"], test.p_mismatch,
@@ -151,24 +152,25 @@ def main(argv: list[str] | None = None) -> int:
     suffix = "".join([f"-{args.num_layers}l" if args.num_layers else "", f"-{args.quant}" if args.quant else ""])
     model_dir = ensure_model(args.model_dir or Path(f"models/{args.shape}{suffix}"), args.shape,
                              num_layers=args.num_layers, quant=args.quant)
-    runs = {t.name: run_topology(t, model_dir, args) for t in args.topologies}
-    pairs = {f"{a} vs {b}": compare(runs[a]["artifacts"], runs[b]["artifacts"])
-             for a, b in itertools.combinations(runs, 2)}
+    runs: dict[str, dict] = {}
+    for topology in args.topologies:
+        # Written after each topology: a run cut by a time limit keeps the pairs it finished.
+        runs[topology.name] = run_topology(topology, model_dir, args)
+        pairs = {f"{a} vs {b}": compare(runs[a]["artifacts"], runs[b]["artifacts"])
+                 for a, b in itertools.combinations(runs, 2)}
+        if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({
+                "shape": args.shape, "num_layers": args.num_layers, "quant": args.quant, "nonces": args.nonces,
+                "seq_len": args.seq_len, "pairs": pairs, "runs": runs}, indent=2) + "\n")
     print(f"\n{args.shape}{suffix}, {args.nonces} nonces at seq_len {args.seq_len}")
-    print(f"{'pair':<20}{'mean':>9}{'p99':>9}{'max':>9}{'>0.02':>8}{'defaults':>10}{'>0.4':>7}{'chain':>8}")
+    print(f"{'pair':<20}{'mean':>9}{'p50':>9}{'p99':>9}{'max':>9}{'>0.02':>8}{'defaults':>10}{'>0.4':>7}{'chain':>8}")
     for pair, c in pairs.items():
         d, ch = c["defaults"], c["chain"]
-        print(f"{pair:<20}{c['mean']:>9.4f}{c['p99']:>9.4f}{c['max']:>9.4f}{d['over']:>8.3f}"
+        print(f"{pair:<20}{c['mean']:>9.4f}{c['p50']:>9.4f}{c['p99']:>9.4f}{c['max']:>9.4f}{d['over']:>8.3f}"
               f"{'pass' if d['honest_passes'] else 'FRAUD':>10}{ch['over']:>7.3f}"
               f"{'pass' if ch['honest_passes'] else 'FRAUD':>8}")
     print("nonces/s: " + ", ".join(f"{name} {r['nonces_per_s']:.1f}" for name, r in runs.items()))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
-            "shape": args.shape, "num_layers": args.num_layers, "quant": args.quant, "nonces": args.nonces,
-            "seq_len": args.seq_len, "pairs": pairs,
-            "runs": {name: {k: v for k, v in r.items() if k != "artifacts"} for name, r in runs.items()},
-        }, indent=2) + "\n")
     return 0
 
 
