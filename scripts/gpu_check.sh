@@ -8,10 +8,12 @@
 #   bash scripts/gpu_check.sh bench-moe N Q   # the qwen3-235b-a22b shape at N layers (default 1), Q none|fp8:
 #                                             # PoC vs bare forward, chat vs `vllm serve`, first and second start
 #   bash scripts/gpu_check.sh round           # bench-serving then bench-beside (one call's worth)
-#   bash scripts/gpu_check.sh topologies L    # several GPUs: artifacts on tp1, tp2, pp2 (and tp4, tp2xpp2 on 4+),
-#                                             # every pair's L2 and verdicts, nonces/s; the 0.6B shape, then the
-#                                             # qwen3-235b-a22b shape at L layers (default 4) in bf16 and FP8; chat
-#                                             # vs `vllm serve` at the widest TP; the TP/PP/multi-node tests
+#   bash scripts/gpu_check.sh topologies P L  # several GPUs: artifacts on tp1, tp2, pp2 (and tp4, tp2xpp2 on 4+),
+#                                             # every pair's L2 and verdicts, nonces/s. Parts P, each one device
+#                                             # call's worth on 2 GPUs: dense (the 0.6B shape), moe-bf16 and
+#                                             # moe-fp8 (the qwen3-235b-a22b shape at L layers, default 4), serving
+#                                             # (chat vs `vllm serve` at the widest TP), tests (TP/PP/multi-node);
+#                                             # all (default) runs them in turn
 # Results go to $OUT (default ./gpu-out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,26 +59,35 @@ case "${1:-tests}" in
   bench-serving) bench_serving ;;
   bench-beside) bench_beside ;;
   round) bench_serving; bench_beside ;;
-  topologies)  # topologies LAYERS: one command for the multi-GPU runs (docs/benchmarks.md records its output)
-    layers=${2:-4}
+  topologies)  # topologies PART [LAYERS]: the multi-GPU runs, one part per device call (docs/benchmarks.md)
+    part=${2:-all}; layers=${3:-4}
     gpus=$(nvidia-smi -L | wc -l)
     tops=(tp1 tp2 pp2); widest=2
     [ "$gpus" -ge 4 ] && tops+=(tp4 tp2xpp2) && widest=4
-    python3 -m bench.topologies --shape qwen3-0.6b --topologies "${tops[@]}" --nonces 256 --seq-len 1024 \
-      --gpu-memory-utilization 0.8 --json "$out/topologies-0.6b.json" 2>&1 | quiet | tee "$out/topologies.txt"
-    for quant in none fp8; do
-      qflag=(); [ "$quant" = fp8 ] && qflag=(--quant fp8)
-      python3 -m bench.topologies --shape qwen3-235b-a22b --num-layers "$layers" "${qflag[@]}" \
-        --topologies "${tops[@]}" --nonces 256 --seq-len 1024 --gpu-memory-utilization 0.8 \
-        --json "$out/topologies-235b-$quant.json" 2>&1 | quiet | tee -a "$out/topologies.txt"
-    done
-    python3 -m bench.serving --shape qwen3-235b-a22b --num-layers "$layers" --model-dir "models/qwen3-235b-a22b-${layers}l" \
-      --tensor-parallel-size "$widest" --num-requests 256 --concurrency 32 --max-tokens 128 --max-model-len 2048 \
-      --max-num-seqs 64 --max-num-batched-tokens 8192 --gpu-memory-utilization 0.8 \
-      --json "$out/serving-tp$widest.json" 2>&1 | quiet | tail -14 | tee -a "$out/topologies.txt"
-    python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/gpu/test_tensor_parallel.py \
-      tests/integration/test_parallel.py tests/integration/test_multinode.py -s --junitxml "$out/topology-tests.xml" \
-      2>&1 | quiet | tee "$out/topology-tests.txt"
+    case "$part" in
+      dense|moe-bf16|moe-fp8|serving|tests|all) ;;
+      *) echo "topologies: unknown part $part" >&2; exit 2 ;;
+    esac
+    # Eager engines: the PoC forward runs eagerly either way (poc/forward.py); the starts skip compilation.
+    topo() { python3 -m bench.topologies --topologies "${tops[@]}" --nonces 256 --seq-len 1024 --enforce-eager \
+      --gpu-memory-utilization 0.8 "$@" 2>&1 | quiet | tee -a "$out/topologies.txt"; }
+    case "$part" in dense|all) topo --shape qwen3-0.6b --json "$out/topologies-0.6b.json" ;; esac
+    case "$part" in moe-bf16|all) topo --shape qwen3-235b-a22b --num-layers "$layers" \
+      --json "$out/topologies-235b-none.json" ;; esac
+    case "$part" in moe-fp8|all) topo --shape qwen3-235b-a22b --num-layers "$layers" --quant fp8 \
+      --json "$out/topologies-235b-fp8.json" ;; esac
+    case "$part" in serving|all)
+      python3 -m bench.serving --shape qwen3-235b-a22b --num-layers "$layers" \
+        --model-dir "models/qwen3-235b-a22b-${layers}l" --tensor-parallel-size "$widest" --num-requests 256 \
+        --concurrency 32 --max-tokens 128 --max-model-len 2048 --max-num-seqs 64 --max-num-batched-tokens 8192 \
+        --gpu-memory-utilization 0.8 --json "$out/serving-tp$widest.json" 2>&1 | quiet | tail -14 \
+        | tee -a "$out/topologies.txt" ;;
+    esac
+    case "$part" in tests|all)
+      python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/gpu/test_tensor_parallel.py \
+        tests/integration/test_parallel.py tests/integration/test_multinode.py -s \
+        --junitxml "$out/topology-tests.xml" 2>&1 | quiet | tee "$out/topology-tests.txt" ;;
+    esac
     ;;
   bench-moe)  # bench-moe LAYERS none|fp8: one quantization per call (generating the weights takes minutes)
     layers=${2:-1}; quant=${3:-none}
