@@ -25,11 +25,19 @@ export PYTHONPATH=/tmp/site:$PWD
 export VLLM_USE_V2_MODEL_RUNNER=0 VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONHASHSEED=0
 export VLLM_USE_DEEP_GEMM=0  # DeepGEMM compiles with nvcc at run time, which these machines lack (FP8 models)
 quiet() { grep -vE "^(INFO|WARNING|DEBUG)|^\(EngineCore"; }
+# The servers' logs of the latest bench.serving run, into $out/logs-TAG (their start phases explain start times).
+keep_logs() {
+  local dir; dir=$(ls -dt /tmp/pocserve-bench-* 2>/dev/null | head -1) || return 0
+  [ -n "$dir" ] || return 0
+  mkdir -p "$out/logs-$1"
+  for f in "$dir"/*.log; do [ -f "$f" ] && tail -c 300000 "$f" > "$out/logs-$1/$(basename "$f")"; done; return 0
+}
 bench_serving() {
   python3 -m bench.serving --shape qwen3-0.6b --model-dir models/qwen3-0.6b --num-requests 512 \
     --concurrency 64 --max-tokens 128 --max-num-seqs 256 --max-num-batched-tokens 8192 \
     --gpu-memory-utilization 0.5 --device-note "$(nvidia-smi --query-gpu=name --format=csv,noheader)" \
     --json "$out/serving.json" 2>&1 | quiet | tail -40 | tee "$out/serving.txt"
+  keep_logs serving
 }
 bench_beside() {
   python3 -m bench.beside_mining --part jobs --shape qwen3-0.6b --seq-len 1024 --batch-size 32 --seconds 10 \
@@ -105,6 +113,7 @@ case "${1:-tests}" in
         --systems "$systems" --num-requests 256 --concurrency 32 --max-tokens 128 --max-model-len 2048 \
         --max-num-seqs 64 --max-num-batched-tokens 8192 --gpu-memory-utilization 0.8 \
         --json "$out/moe-serving-$quant-${systems/,/-}.json" 2>&1 | quiet | tail -14 | tee -a "$out/moe-$quant.txt"
+      keep_logs "moe-$quant-${systems/,/-}"
     done
     ;;
 esac
