@@ -28,7 +28,7 @@ import structlog
 
 from backend.errors import RequestError, pow_error
 from backend.pow.results import ArtifactsResult, JobResult
-from backend.pow.store import Store
+from backend.pow.store import Store, execute_many
 from protocol.pow import PowGenerateRequest, ValidationOutcome
 
 log = structlog.get_logger(__name__)
@@ -239,13 +239,12 @@ def _insert(job: Job) -> Callable[[sqlite3.Connection], None]:
 
 
 def _set_status(job_ids: list[str], status: str) -> Callable[[sqlite3.Connection], None]:
-    def fn(conn: sqlite3.Connection) -> None:
-        conn.executemany("UPDATE jobs SET status = ? WHERE id = ?", [(status, i) for i in job_ids])
-    return fn
+    return execute_many("UPDATE jobs SET status = ? WHERE id = ?", [(status, i) for i in job_ids])
 
 
 def _finish_rows(rows: list[tuple[str, JobResult | None, str | None, float, str]]) -> Callable[[sqlite3.Connection],
                                                                                                   None]:
+    # The results are encoded on the store's thread, not the caller's (the engine thread).
     def fn(conn: sqlite3.Connection) -> None:
         conn.executemany(
             "UPDATE jobs SET status = ?, result = ?, error = ?, finished_at = ? WHERE id = ?",
@@ -254,9 +253,7 @@ def _finish_rows(rows: list[tuple[str, JobResult | None, str | None, float, str]
 
 
 def _delete(job_ids: list[str]) -> Callable[[sqlite3.Connection], None]:
-    def fn(conn: sqlite3.Connection) -> None:
-        conn.executemany("DELETE FROM jobs WHERE id = ?", [(i,) for i in job_ids])
-    return fn
+    return execute_many("DELETE FROM jobs WHERE id = ?", [(i,) for i in job_ids])
 
 
 def _select_all(conn: sqlite3.Connection) -> list[tuple]:

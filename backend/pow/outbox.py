@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import msgspec
 
 from backend.pow.results import MinedBody
+from backend.pow.store import execute_many
 
 # Row kinds: one mining batch (merged with its group's before it is sent), or one /generate job's result.
 STREAM = "stream"
@@ -47,17 +48,12 @@ def insert(row: OutboxRow) -> Callable[[sqlite3.Connection], OutboxRow]:
 
 def reschedule(rows: list[OutboxRow]) -> Callable[[sqlite3.Connection], None]:
     """Their attempt counts and next attempt times, as the sender set them after a failure."""
-    params = [(r.attempts, r.next_attempt_at, r.id) for r in rows]
-
-    def fn(conn: sqlite3.Connection) -> None:
-        conn.executemany("UPDATE outbox SET attempts = ?, next_attempt_at = ? WHERE id = ?", params)
-    return fn
+    return execute_many("UPDATE outbox SET attempts = ?, next_attempt_at = ? WHERE id = ?",
+                        [(r.attempts, r.next_attempt_at, r.id) for r in rows])
 
 
 def delete(ids: list[int]) -> Callable[[sqlite3.Connection], None]:
-    def fn(conn: sqlite3.Connection) -> None:
-        conn.executemany("DELETE FROM outbox WHERE id = ?", [(i,) for i in ids])
-    return fn
+    return execute_many("DELETE FROM outbox WHERE id = ?", [(i,) for i in ids])
 
 
 def select_all(conn: sqlite3.Connection) -> list[OutboxRow]:

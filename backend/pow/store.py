@@ -205,6 +205,13 @@ class Store:
             log.exception("store_on_done_failed", path=str(self.path))
 
 
+def execute_many(sql: str, params: list[tuple]) -> Callable[[sqlite3.Connection], None]:
+    """A store function (for `Store.submit`) running one statement over every parameter row."""
+    def fn(conn: sqlite3.Connection) -> None:
+        conn.executemany(sql, params)
+    return fn
+
+
 def open_database(path: Path, busy_timeout_s: float) -> sqlite3.Connection:
     """Opens (creating if needed) the database in WAL mode with the current schema; StoreError names the path."""
     try:

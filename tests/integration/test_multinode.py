@@ -19,12 +19,8 @@ import pytest
 
 from backend.engine import compat
 from tests.integration.pow_util import (
-    TOPOLOGY_NONCES as NONCES,
-)
-from tests.integration.pow_util import (
-    TOPOLOGY_SEQ_LEN as SEQ_LEN,
-)
-from tests.integration.pow_util import (
+    TOPOLOGY_NONCES,
+    TOPOLOGY_SEQ_LEN,
     artifacts_of,
     generate,
     greedy_tokens,
@@ -90,14 +86,14 @@ def test_multinode_greedy_chat_matches_single_node(nodes, single_rank_reference)
 
 def test_multinode_artifacts_match_single_node(nodes, single_rank_reference):
     expected, _ = single_rank_reference
-    got = artifacts_of(nodes.pow, NONCES, seq_len=SEQ_LEN)
+    got = artifacts_of(nodes.pow, TOPOLOGY_NONCES, seq_len=TOPOLOGY_SEQ_LEN)
     assert got.keys() == expected.keys()
     assert max(l2(got[n], expected[n]) for n in expected) < MAX_L2
 
 
 def test_multinode_validation_accepts_single_node_artifacts(nodes, single_rank_reference):
     expected, _ = single_rank_reference
-    r = generate(nodes.pow, NONCES, seq_len=SEQ_LEN, validation=validation(expected))
+    r = generate(nodes.pow, TOPOLOGY_NONCES, seq_len=TOPOLOGY_SEQ_LEN, validation=validation(expected))
     assert r.status_code == 200, r.text
     body = r.json()
     assert (body["status"], body["n_mismatch"], body["fraud_detected"]) == ("completed", 0, False), body

@@ -20,12 +20,8 @@ import pytest
 
 from backend.engine import compat
 from tests.integration.pow_util import (
-    TOPOLOGY_NONCES as NONCES,
-)
-from tests.integration.pow_util import (
-    TOPOLOGY_SEQ_LEN as SEQ_LEN,
-)
-from tests.integration.pow_util import (
+    TOPOLOGY_NONCES,
+    TOPOLOGY_SEQ_LEN,
     Server,
     artifacts_of,
     generate,
@@ -84,10 +80,10 @@ def parallel(request, model_dir, tmp_path_factory) -> Iterator[tuple[str, Server
 def test_parallel_artifacts_match_single_rank(parallel, single_rank_reference, record_property):
     name, server = parallel
     expected, _ = single_rank_reference
-    got = artifacts_of(_pow(server.base_url), NONCES, seq_len=SEQ_LEN)
+    got = artifacts_of(_pow(server.base_url), TOPOLOGY_NONCES, seq_len=TOPOLOGY_SEQ_LEN)
     assert got.keys() == expected.keys(), "the same nonces must survive the NaN filter on both"
     distances = [l2(got[n], expected[n]) for n in sorted(expected)]
-    print(f"{name} vs PP=TP=1, {len(distances)} nonces at seq_len {SEQ_LEN}: max L2 {max(distances):.5f} "
+    print(f"{name} vs PP=TP=1, {len(distances)} nonces at seq_len {TOPOLOGY_SEQ_LEN}: max L2 {max(distances):.5f} "
           f"mean {np.mean(distances):.5f}")
     record_property(f"{name}_max_l2", max(distances))
     assert max(distances) < MAX_L2
@@ -96,11 +92,11 @@ def test_parallel_artifacts_match_single_rank(parallel, single_rank_reference, r
 def test_parallel_validation_accepts_single_rank_artifacts(parallel, single_rank_reference):
     _, server = parallel
     expected, _ = single_rank_reference
-    r = generate(_pow(server.base_url), NONCES, seq_len=SEQ_LEN, validation=validation(expected))
+    r = generate(_pow(server.base_url), TOPOLOGY_NONCES, seq_len=TOPOLOGY_SEQ_LEN, validation=validation(expected))
     assert r.status_code == 200, r.text
     body = r.json()
     assert (body["status"], body["n_total"], body["n_mismatch"], body["fraud_detected"]) == (
-        "completed", len(NONCES), 0, False), body
+        "completed", len(TOPOLOGY_NONCES), 0, False), body
 
 
 def test_parallel_greedy_chat_matches_single_rank(parallel, single_rank_reference):
@@ -118,7 +114,7 @@ def test_parallel_greedy_chat_beside_poc_matches_single_rank(parallel, single_ra
     chat = threading.Thread(target=lambda: tokens.append(greedy_tokens(server.base_url)))
     chat.start()
     try:
-        got = artifacts_of(_pow(server.base_url), NONCES, seq_len=SEQ_LEN)
+        got = artifacts_of(_pow(server.base_url), TOPOLOGY_NONCES, seq_len=TOPOLOGY_SEQ_LEN)
     finally:
         chat.join(120)
     assert tokens == [expected_tokens]
