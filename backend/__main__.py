@@ -29,7 +29,7 @@ from backend.transport.curve import CurveGate
 from backend.transport.peers import PeerTable
 from backend.transport.server import LINK, SocketServer, shut_down
 from common.config import SettingsError
-from common.logs import configure_logging
+from common.logs import configure_logging, process_uptime_s
 from protocol.control import DeadEvent
 from protocol.processor import EngineBuilt
 
@@ -135,9 +135,11 @@ def serve(settings: BackendSettings) -> int:
                           peers=PeerTable(settings.frontend_timeout_s), link_address=f"ipc://{link_dir}/link.ipc")
     server.start()
 
+    # The processor first: its own vLLM import and config take as long as ours, and it is on the start's critical
+    # path (frontends are admitted once it is ready). It connects to the link whenever the link is bound.
+    processor = start_processor(settings, f"ipc://{link_dir}/link.ipc")
     from backend.processor.link import EngineSide  # imports vLLM: after the socket is up, so probes see us early
     server.attach_link(EngineSide())
-    processor = start_processor(settings, f"ipc://{link_dir}/link.ipc")
 
     from backend.engine.adapter import Engine
     from backend.processor.parsing import check_parser_names
@@ -145,6 +147,7 @@ def serve(settings: BackendSettings) -> int:
     engine = loop = None
     try:
         check_parser_names(settings.tool_call_parser, settings.reasoning_parser)  # vLLM's registries, so not earlier
+        log.info("engine_starting", uptime_s=process_uptime_s())
         engine = Engine(settings)
         loop = build_loop(settings, engine, server, inbox, control, store, processor)
 

@@ -6,6 +6,7 @@ Process plumbing shared by every process (common/).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any
 
@@ -53,3 +54,16 @@ def log_format_setting() -> Any:
 def log_level_setting() -> Any:
     """The --log-level setting every process declares."""
     return setting("POCSERVE_LOG_LEVEL", "info", "log level", choices=("debug", "info", "warning", "error"))
+
+
+def process_uptime_s() -> float | None:
+    """Seconds since this process started (Linux /proc; None elsewhere): start events log it, so a slow start
+    shows whether the time went before the engine (imports, spawns) or in it."""
+    try:
+        with open("/proc/self/stat") as f:
+            started_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime, after boot
+        with open("/proc/uptime") as f:
+            boot_uptime_s = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return round(boot_uptime_s - started_ticks / os.sysconf("SC_CLK_TCK"), 1)

@@ -8,6 +8,11 @@
 #   bash scripts/gpu_check.sh bench-moe N Q   # the qwen3-235b-a22b shape at N layers (default 1), Q none|fp8:
 #                                             # PoC vs bare forward, chat vs `vllm serve`, first and second start
 #   bash scripts/gpu_check.sh round           # bench-serving then bench-beside (one call's worth)
+#   bash scripts/gpu_check.sh startup         # first (cold caches) and second start of the backend, 0.6B and
+#                                             # tiny-moe, with each start's phases (bench/startup.py)
+#   bash scripts/gpu_check.sh poc-parts N Q   # the qwen3-235b-a22b shape at N layers, Q none|fp8: PoC vs bare at
+#                                             # B=32 and 64 with each stage's time and profiler tables
+#   bash scripts/gpu_check.sh moe-golden      # the 235B slice's artifacts vs the CPU engine's golden file
 #   bash scripts/gpu_check.sh topologies P L  # several GPUs: artifacts on tp1, tp2, pp2 (and tp4, tp2xpp2 on 4+),
 #                                             # every pair's L2 and verdicts, nonces/s. Parts P, each one device
 #                                             # call's worth on 2 GPUs: dense (the 0.6B shape), moe-bf16 and
@@ -22,6 +27,9 @@ mkdir -p "$out"
 bash .stage/p1/install.sh
 [ -d .stage/extra ] && python3 -m pip install -q --no-index --no-deps --target /tmp/site .stage/extra/*.whl 2>&1 | grep -v "already exists" || true
 export PYTHONPATH=/tmp/site:$PWD
+# These machines set PYTHONDONTWRITEBYTECODE=1, so every process compiled vLLM's and torch's sources again on
+# import: 21-24 s of a 35 s start (a node's image has them compiled). The first process here writes them.
+unset PYTHONDONTWRITEBYTECODE
 export VLLM_USE_V2_MODEL_RUNNER=0 VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONHASHSEED=0
 export VLLM_USE_DEEP_GEMM=0  # DeepGEMM compiles with nvcc at run time, which these machines lack (FP8 models)
 quiet() { grep -vE "^(INFO|WARNING|DEBUG)|^\(EngineCore"; }
@@ -67,6 +75,27 @@ case "${1:-tests}" in
   bench-serving) bench_serving ;;
   bench-beside) bench_beside ;;
   round) bench_serving; bench_beside ;;
+  startup)  # startup [SHAPE...] (default: qwen3-0.6b tiny-moe)
+    shift; shapes=("$@"); [ ${#shapes[@]} -eq 0 ] && shapes=(qwen3-0.6b tiny-moe)
+    python3 -X importtime -c "import backend.engine.adapter, backend.processor.build" 2> "$out/importtime.txt"
+    for shape in "${shapes[@]}"; do
+      python3 -m bench.startup --shape "$shape" --runs 2 --json "$out/startup-$shape.json" 2>&1 | quiet \
+        | tee -a "$out/startup.txt"
+    done
+    ;;
+  poc-parts)  # poc-parts LAYERS none|fp8
+    layers=${2:-1}; quant=${3:-none}
+    dir=models/q235-${layers}l-$quant
+    qflag=(); [ "$quant" = fp8 ] && qflag=(--quant fp8)
+    python3 -m bench.poc_forward --shape qwen3-235b-a22b --num-layers "$layers" "${qflag[@]}" --model-dir "$dir" \
+      --seq-lens 1024 --batches 32 64 --iters 5 --gpu-memory-utilization 0.8 --parts \
+      --profile "$out/profile-$quant-${layers}l" --json "$out/poc-parts-$quant-${layers}l.json" 2>&1 | quiet \
+      | grep -E "^L=|^device|stage ms|Error" | tee -a "$out/poc-parts.txt"
+    ;;
+  moe-golden)
+    python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/gpu/test_gpu_artifacts.py -k large -s \
+      2>&1 | quiet | tee "$out/moe-golden.txt"
+    ;;
   topologies)  # topologies PART [LAYERS]: the multi-GPU runs, one part per device call (docs/benchmarks.md)
     part=${2:-all}; layers=${3:-4}
     gpus=$(nvidia-smi -L | wc -l)

@@ -25,6 +25,7 @@ from backend.engine import parallel  # noqa: E402
 from backend.engine.args import USAGE_CONTEXT, engine_args  # noqa: E402
 from backend.engine.poc import PocRunner  # noqa: E402
 from backend.settings import BackendSettings  # noqa: E402
+from common.logs import process_uptime_s  # noqa: E402
 from protocol.common import Fingerprint  # noqa: E402
 from protocol.version import PROTOCOL_VERSION  # noqa: E402
 from sampling import grammar as tolerant_grammars  # noqa: E402
@@ -64,7 +65,8 @@ class Engine:
         log.info("engine_ready", model=str(settings.model), vllm_version=vllm.__version__,
                  block_size=compat.block_size(self.core), tensor_parallel_size=settings.tensor_parallel_size,
                  pipeline_parallel_size=settings.pipeline_parallel_size, poc_layer_ranges=self.poc.layer_ranges,
-                 torch_threads=torch.get_num_threads(), elapsed_s=round(time.monotonic() - started, 1))
+                 torch_threads=torch.get_num_threads(), elapsed_s=round(time.monotonic() - started, 1),
+                 uptime_s=process_uptime_s())
 
     def fingerprint(self) -> Fingerprint:
         cfg = self.vllm_config

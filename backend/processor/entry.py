@@ -33,7 +33,7 @@ def run_processor(settings: BackendSettings, link_address: str) -> None:
 
     from backend.processor.build import build
     from backend.processor.main import Processor
-    from common.logs import configure_logging
+    from common.logs import configure_logging, process_uptime_s
     from common.sockets import make_socket
 
     configure_logging(settings.log_format, settings.log_level)
@@ -42,9 +42,10 @@ def run_processor(settings: BackendSettings, link_address: str) -> None:
         setproctitle.setproctitle("pocserve-processor")
     except ImportError:
         pass
-    preparer, presenter, tokenizing, ready = build(settings)
+    phases_s = {"imports_done_at": process_uptime_s()}  # after vLLM's import, from the spawn
+    preparer, presenter, tokenizing, ready = build(settings, phases_s)
     ctx = zmq.Context()
     link = make_socket(ctx, zmq.PAIR)
     link.connect(link_address)
-    structlog.get_logger(__name__).info("processor_ready", pid=os.getpid())
+    structlog.get_logger(__name__).info("processor_ready", pid=os.getpid(), uptime_s=process_uptime_s(), **phases_s)
     Processor(ctx, link, preparer, presenter, tokenizing).run(ready)

@@ -97,7 +97,8 @@ class SocketServer:
             raise self._error
 
     def attach_link(self, codec) -> None:
-        """The link's codec (backend/processor/link.py EngineSide); before the processor process starts."""
+        """The link's codec (backend/processor/link.py EngineSide). The link is read from then on (within one poll
+        interval); frames the processor sent earlier wait in the socket."""
         self._link_codec = codec
 
     def send(self, identity: bytes, msg) -> None:
@@ -154,12 +155,17 @@ class SocketServer:
             log.warning("backend_socket_plaintext", address=self._address,
                         hint="whoever reaches this address can drive the backend; see CURVE in the README")
         poller = zmq.Poller()
-        for sock in (router, *gate_sockets, *([link] if link is not None else [])):
+        for sock in (router, *gate_sockets):
             poller.register(sock, zmq.POLLIN)
         wake_fd = self._wake_r.fileno()
         poller.register(wake_fd, zmq.POLLIN)
+        link_polled = False
         try:
             while not self._stop.is_set():
+                if link is not None and not link_polled and self._link_codec is not None:
+                    # Read the link only once its codec is attached: the processor may start (and connect) first.
+                    poller.register(link, zmq.POLLIN)
+                    link_polled = True
                 events = dict(poller.poll(_POLL_MS))
                 if router in events:
                     self._on_frames(router, codec, router.recv_multipart(copy=False))

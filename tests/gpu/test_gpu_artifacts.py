@@ -29,3 +29,43 @@ def test_gpu_artifacts_match_cpu_engine(stack, case, record_property):
     print(f"GPU vs CPU L2 (L={case['seq_len']}, stronger={case['stronger_rng']}):",
           [round(d, 5) for d in distances])
     assert max(distances) < 0.02
+
+
+# Golden files of larger shapes (tests/gpu/make_cpu_golden.py --shape S --num-layers N): the model is generated
+# here from the same seed and served by its own backend.
+LARGE = sorted(Path(__file__).parent.glob("cpu_artifacts_*-*l.json"))
+
+
+@pytest.fixture(scope="module", params=LARGE, ids=lambda p: p.stem.removeprefix("cpu_artifacts_"))
+def large(request, tmp_path_factory):
+    from backend.tools.modelgen import ensure_model
+    from tests.stack import Proc, backend_args
+
+    golden = json.loads(request.param.read_text())
+    tmp = tmp_path_factory.mktemp("large")
+    model = ensure_model(tmp / golden["shape"], golden["shape"], num_layers=golden["num_layers"])
+    address = f"ipc://{tmp}/b.ipc"
+    backend = Proc(backend_args(model, address, "--gpu-memory-utilization", "0.6"), tmp / "backend.log").start()
+    raw = RawBackend(address)
+    yield golden, raw
+    raw.close()
+    backend.stop()
+
+
+def test_large_shape_artifacts_match_cpu_engine(large, record_property):
+    """The bulk of the nonces agree within the spec's 0.02, and a validator with the chain's thresholds passes the
+    GPU prover. A MoE nonce whose router scores nearly tie can take another expert on the other device and jump
+    (docs/decisions.md, "MoE near-tie routing"), so the spec's code default of 0.02 is not asserted per nonce."""
+    from bench.topologies import compare
+    golden, raw = large
+    for case in golden["cases"]:
+        reply = raw.wait_for(raw.submit_artifacts(case["nonces"], seq_len=case["seq_len"],
+                                                  stronger_rng=case["stronger_rng"]), timeout_s=900)
+        assert reply.error is None, reply.error
+        got = {a.nonce: a.vector_b64 for a in reply.artifacts}
+        result = compare(got, {int(n): v for n, v in case["artifacts"].items()})
+        record_property(f"L{case['seq_len']}", result)
+        print(f"{golden['shape']} {golden['num_layers']}l GPU vs CPU, L={case['seq_len']}:", json.dumps(result))
+        assert result["only_one_side"] == 0
+        assert result["p50"] < 0.02, result
+        assert result["chain"]["honest_passes"], result
