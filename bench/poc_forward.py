@@ -3,10 +3,11 @@
     python -m bench.poc_forward --shape qwen3-0.6b --seq-lens 256 1024 --batches 32 64     (GPU)
     python -m bench.poc_forward --seq-lens 64 --batches 8                                   (CPU, tiny)
 
-PoC and bare are timed in alternating rounds and the medians reported: on an H100 the bare rate alone moved
-by 10% between two runs of one lease, more than the PoC's overhead. "PoC" is the production path (engine thread → leased KV blocks → worker: seeded inputs, per-layer
+"PoC" is the production path (engine thread → leased KV blocks → worker: seeded inputs, per-layer
 reflections, final-norm hidden, pick/rotate/encode on the device). "Bare" is the same batched prefill on
-the same leased blocks with inputs made once and no reflections, RNG or post-processing. MFU counts
+leased blocks with inputs made once and no reflections, RNG or post-processing. The two are timed in
+alternating rounds and the medians reported: on an H100 the bare rate alone moved by 10% between two runs
+of one lease, more than the PoC's overhead. MFU counts
 2 × (q, k, v, o, MLP weights) per token plus causal attention, against the bf16 matmul peak measured here.
 """
 

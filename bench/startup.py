@@ -27,8 +27,9 @@ from backend.tools.modelgen import QUANTS, SHAPES, ensure_model
 from bench.procs import Proc, free_port, raise_on_signals, stop_all, wait_http_ok
 
 # Log lines that mark a start phase: vLLM's own timing lines and the backend's readiness events.
-PHASE = re.compile(r"took|takes|finished in|time: |Compiling|Directly load|load failure|saved AOT|engine_ready"
-                   r"|processor_ready|engine_starting|backend_socket_bound|backend_serving|frontend_connected|Capturing|Starting to load")
+PHASE = re.compile(r"took|takes|finished in|time: |Compiling|Directly load|load failure|saved AOT|Capturing"
+                   r"|Starting to load|engine_ready|processor_ready|engine_starting|backend_socket_bound"
+                   r"|backend_serving|frontend_connected")
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z?")  # ours: ISO, UTC
 # vLLM's own format where its loggers are not routed through ours: "INFO 11-25 20:35:28 [file.py:N]", local time
 VLLM_STAMP = re.compile(r"^(?:\(\w+[^)]*\) )?(?:DEBUG|INFO|WARNING|ERROR) (\d\d-\d\d \d\d:\d\d:\d\d) ")

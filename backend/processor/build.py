@@ -23,17 +23,16 @@ from backend.settings import BackendSettings
 from protocol.processor import ProcessorReady
 
 
-def build(settings: BackendSettings, phases_s: dict[str, float] | None = None,
+def build(settings: BackendSettings, phases_s: dict[str, float | None] | None = None,
           ) -> tuple[Preparer, Presenter, Tokenization, ProcessorReady]:
     """phases_s, if given, gets each phase's seconds (the processor logs them when ready)."""
-    phases_s = {} if phases_s is None else phases_s
     started = time.monotonic()
     compat.check_version(vllm.__version__)
     config = engine_args(settings).create_engine_config(USAGE_CONTEXT)
-    phases_s["config"] = round(time.monotonic() - started, 2)
+    configured = time.monotonic()
     renderer = renderer_from_config(config)
     tokenizer = renderer.get_tokenizer()
-    phases_s["tokenizer"] = round(time.monotonic() - started - phases_s["config"], 2)
+    tokenized = time.monotonic()
     max_model_len = int(config.model_config.max_model_len)
     vocab_size = int(config.model_config.get_vocab_size())
     vocab = Vocab(tokenizer, vocab_size, max_model_len)
@@ -41,6 +40,8 @@ def build(settings: BackendSettings, phases_s: dict[str, float] | None = None,
                           tokenizer, config.model_config)
     preparer = Preparer(settings, InputProcessor(config, renderer), vocab, max_model_len, parsers)
     outputs = OutputProcessor(tokenizer, log_stats=True, stream_interval=config.scheduler_config.stream_interval)
-    phases_s["build"] = round(time.monotonic() - started, 2)
+    if phases_s is not None:
+        phases_s.update(config=round(configured - started, 2), tokenizer=round(tokenized - configured, 2),
+                        build=round(time.monotonic() - started, 2))
     return (preparer, Presenter(outputs, tokenizer, VllmMetrics(config)), Tokenization(vocab),
             ProcessorReady(pid=os.getpid(), vocab_size=vocab_size))
