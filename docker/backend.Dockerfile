@@ -37,10 +37,11 @@ COPY poc/ poc/
 COPY sampling/ sampling/
 # Bytecode compiled into the image: PYTHONDONTWRITEBYTECODE keeps the container from writing it at run time, and
 # without it every start compiled vLLM's and torch's sources again on import (21-24 s of a 35 s restart on an
-# H100 host, docs/benchmarks.md). Where the base already has it, compileall only checks timestamps.
+# H100 host, docs/benchmarks.md). The second path is the directory holding vllm and torch; where the base has
+# compiled it already, compileall only checks timestamps.
 RUN python -m pip install --no-deps -e . \
  && python -m compileall -q -j 0 protocol common backend poc sampling \
-    "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+    "$(python -c 'import importlib.util as u, os; print(os.path.dirname(os.path.dirname(u.find_spec("vllm").origin)))')" \
  && mkdir -p /var/lib/pocserve /models \
  && python -c "import backend.settings"
 
