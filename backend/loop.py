@@ -112,7 +112,7 @@ class BackendLoop:
                 log.debug("poc_forward", limit=limit, elapsed_ms=round(elapsed_s * 1000, 2),
                           credit_ms=round(self.share.credit_s * 1000, 2))
             case policy.Idle():
-                pass
+                self.engine.poc.release()  # PoC keeps its KV blocks between forwards; no forward is coming
 
     def publish(self) -> None:
         now = time.monotonic()

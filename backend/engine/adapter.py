@@ -112,6 +112,7 @@ class Engine:
 
     def step(self) -> EngineCoreOutputs | None:
         """One engine step, as vLLM's in-process client takes it; None when it produced no outputs."""
+        self.poc.release()  # PoC's blocks back to the pool before the scheduler allocates
         outputs, model_executed = self.core.step_fn()
         self.core.post_step(model_executed)
         result = outputs.get(0) if outputs else None

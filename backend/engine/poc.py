@@ -1,7 +1,10 @@
 """PoC artifact batches between engine steps: KV blocks leased from vLLM's pool, the forward in the workers.
 
 Engine thread only. Blocks come from the scheduler's own BlockPool, so they are disjoint from every running
-request's blocks and never the null block 0; they go back to the pool before the next engine step.
+request's blocks and never the null block 0. They stay leased from one forward to the next, since taking and returning
+vLLM's blocks one by one is host time during which the device idles (2048 blocks, B=32 × seq_len 1024 at block
+size 16: ~0.7 ms a forward), and they go back to the pool before every engine step (Engine.step) and whenever
+the loop has nothing to run (BackendLoop).
 Every rank runs the forward (collective_rpc answers one result per rank, in rank order); only the last pipeline
 stage has the artifacts, so the first answer that is not None is taken: the first TP rank of the last stage.
 """
@@ -34,6 +37,8 @@ class PocRunner:
         self.hidden_size = int(core.collective_rpc("poc_hidden_size")[0])
         self.layer_ranges = _layer_ranges(core.collective_rpc("poc_layer_range"), core.vllm_config)
         self.num_nonces = 0
+        self._held: list = []  # KVCacheBlocks leased for PoC forwards, kept between them (see release)
+        self._held_ids: list[int] = []
 
     def check(self, job: ArtifactJob) -> None:
         """Raises PocInputError naming the field for a job this engine cannot run."""
@@ -65,14 +70,13 @@ class PocRunner:
         missing from the artifacts (spec §1.9) but still count as run."""
         spec = job.spec
         per_seq = self.blocks_per_seq(spec.seq_len)
-        fits = self._pool.get_num_free_blocks() // per_seq
+        available = self._pool.get_num_free_blocks() + len(self._held)
+        fits = available // per_seq
         if fits == 0:
-            raise NoFreeBlocks(f"{per_seq} blocks needed, {self._pool.get_num_free_blocks()} free")
+            raise NoFreeBlocks(f"{per_seq} blocks needed, {available} free")
         nonces = nonces[:fits]
-        blocks = self._pool.get_new_blocks(len(nonces) * per_seq)
+        block_ids = self._lease(len(nonces) * per_seq)
         try:
-            block_ids = [b.block_id for b in blocks]
-            assert 0 not in block_ids, "the null block must never be leased"
             # vLLM's own bound on a model step: a rank that never answers (a worker node gone) fails the engine,
             # which exits for its supervisor, instead of hanging the engine thread.
             results = self._core.collective_rpc(
@@ -80,10 +84,32 @@ class PocRunner:
                 args=(block_ids, spec.block_hash, spec.public_key, list(nonces), spec.seq_len, spec.k_dim,
                       spec.stronger_rng))
             result = next(r for r in results if r is not None)
-        finally:
-            self._pool.free_blocks(blocks)
+        except BaseException:
+            self.release()
+            raise
         self.num_nonces += len(nonces)
         return [(int(n), str(v)) for n, v in result], len(nonces)
+
+
+    def _lease(self, num_blocks: int) -> list[int]:
+        """Ids of `num_blocks` leased blocks: the held ones when there are enough, else a fresh lease. A forward's
+        KV writes land after the previous forward has finished (its artifacts were read), so reuse is safe."""
+        if len(self._held) < num_blocks:
+            self.release()
+            self._held = self._pool.get_new_blocks(num_blocks)
+            self._held_ids = [b.block_id for b in self._held]
+            assert 0 not in self._held_ids, "the null block must never be leased"
+        return self._held_ids[:num_blocks]
+
+    def release(self) -> None:
+        """Returns the held blocks to vLLM's pool (the scheduler must see them before it schedules a step)."""
+        if self._held:
+            self._pool.free_blocks(self._held)
+            self._held, self._held_ids = [], []
+
+    @property
+    def num_held_blocks(self) -> int:
+        return len(self._held)
 
 
 def _layer_ranges(ranges: list[tuple[int, int] | None], vllm_config) -> list[tuple[int, int]]:

@@ -1,0 +1,84 @@
+"""backend/engine/poc.py's KV lease with vLLM's real BlockPool and a stand-in for the engine core: the blocks stay
+leased from one PoC forward to the next and go back on release (before engine steps) or when a forward fails."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from vllm.v1.core.block_pool import BlockPool
+
+from backend.engine.poc import NoFreeBlocks, PocRunner
+from poc.spec import ArtifactJob, PocSpec
+
+BLOCK_SIZE = 16
+SEQ_LEN = 64  # 4 blocks a sequence
+
+
+class FakeCore:
+    """The parts of vLLM's EngineCore PocRunner touches; records the block ids each forward got."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.pool = BlockPool(num_gpu_blocks=num_blocks, enable_caching=True, hash_block_size=BLOCK_SIZE)
+        self.scheduler = SimpleNamespace(kv_cache_manager=SimpleNamespace(block_pool=self.pool))
+        self.vllm_config = SimpleNamespace(cache_config=SimpleNamespace(block_size=BLOCK_SIZE),
+                                           model_config=SimpleNamespace(max_model_len=4096))
+        self.forwards: list[list[int]] = []
+        self.fail = False
+
+    def collective_rpc(self, method: str, timeout=None, args=()):
+        if method == "poc_hidden_size":
+            return [64]
+        if method == "poc_layer_range":
+            return [(0, 2)]
+        assert method == "poc_artifacts"
+        if self.fail:
+            raise RuntimeError("worker failed")
+        block_ids, _hash, _key, nonces = args[:4]
+        self.forwards.append(list(block_ids))
+        return [[(n, f"v{n}") for n in nonces]]
+
+
+def job(n: int) -> ArtifactJob:
+    return ArtifactJob(PocSpec("B", "k", SEQ_LEN), tuple(range(n)))
+
+
+def test_blocks_stay_leased_between_forwards_and_return_on_release():
+    core = FakeCore(num_blocks=65)  # block 0 is vLLM's null block: 64 usable
+    runner = PocRunner(core, max_num_seqs=8, max_batch_tokens=8 * SEQ_LEN)
+    free = core.pool.get_num_free_blocks()
+    runner.run(job(8), list(range(8)))
+    runner.run(job(8), list(range(8, 16)))
+    assert core.forwards[0] == core.forwards[1] and len(set(core.forwards[0])) == 32
+    assert 0 not in core.forwards[0]
+    assert core.pool.get_num_free_blocks() == free - 32 and runner.num_held_blocks == 32
+    runner.run(job(2), [16, 17])  # a smaller forward takes a prefix of the held blocks
+    assert core.forwards[2] == core.forwards[0][:8]
+    runner.release()
+    assert core.pool.get_num_free_blocks() == free and runner.num_held_blocks == 0
+    runner.release()  # nothing held: no-op
+    assert core.pool.get_num_free_blocks() == free
+
+
+def test_a_larger_forward_leases_afresh_and_held_blocks_count_as_available():
+    core = FakeCore(num_blocks=33)  # 32 usable: 8 sequences
+    runner = PocRunner(core, max_num_seqs=8, max_batch_tokens=8 * SEQ_LEN)
+    runner.run(job(2), [0, 1])
+    arts, num_run = runner.run(job(8), list(range(8)))  # needs every block, 8 of them held
+    assert num_run == 8 and len(arts) == 8 and len(set(core.forwards[1])) == 32
+    assert core.pool.get_num_free_blocks() == 0
+    runner.release()
+    taken = core.pool.get_new_blocks(30)  # chat took the cache: one sequence does not fit
+    with pytest.raises(NoFreeBlocks):
+        runner.run(job(1), [0])
+    core.pool.free_blocks(taken)
+
+
+def test_a_failed_forward_returns_its_blocks():
+    core = FakeCore(num_blocks=65)
+    runner = PocRunner(core, max_num_seqs=8, max_batch_tokens=8 * SEQ_LEN)
+    free = core.pool.get_num_free_blocks()
+    core.fail = True
+    with pytest.raises(RuntimeError):
+        runner.run(job(4), list(range(4)))
+    assert core.pool.get_num_free_blocks() == free and runner.num_held_blocks == 0
