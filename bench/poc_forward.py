@@ -146,6 +146,7 @@ def _write_profiles(out: Path, llm, runner, pool, job: ArtifactJob, seq_len: int
     out.mkdir(parents=True, exist_ok=True)
     nonces = list(range(batch))
     poc = _profile_table(lambda: [runner.run(job, nonces) for _ in range(3)])
+    runner.release()  # the runner keeps its lease between forwards; the bare forward takes its own
     blocks = pool.get_new_blocks(batch * runner.blocks_per_seq(seq_len))
     try:
         ids = [b.block_id for b in blocks]
@@ -208,6 +209,7 @@ def main(argv: list[str] | None = None) -> None:
                 _arts, n = runner.run(job, [(r * args.iters + i) * batch + k for k in range(batch)])
                 assert n == batch
             poc_round_s = (time.perf_counter() - started) / args.iters
+            runner.release()  # as the engine does before a step; the bare forward leases its own
             leased = pool.get_new_blocks(num_blocks)
             try:
                 rounds.append((poc_round_s, llm.collective_rpc(
