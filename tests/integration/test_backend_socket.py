@@ -321,3 +321,31 @@ def test_backend_socket_last_frame_reaches_peer_before_exit(tmp_path):
         dealer.close()
         ctx.term()
         child.kill()
+
+
+def test_a_processor_ready_before_the_link_codec_waits_for_it(tmp_path):
+    """The processor is spawned before the backend imports vLLM for the link's codec: a ProcessorReady it sends in
+    between stays in the socket (the io thread must not decode it without a codec) and arrives once attached."""
+    from backend.processor.link import EngineSide, ProcessorSide
+    from protocol.processor import ProcessorReady
+
+    ctx = zmq.Context()
+    inbox: queue.Queue = queue.Queue()
+    server = SocketServer(ctx, f"ipc://{tmp_path}/backend.ipc", inbox, ControlPlane("inst-test"),
+                          link_address=f"ipc://{tmp_path}/link.ipc")
+    server.start()
+    processor = ctx.socket(zmq.PAIR)
+    processor.setsockopt(zmq.LINGER, 0)
+    processor.connect(f"ipc://{tmp_path}/link.ipc")
+    try:
+        processor.send_multipart(ProcessorSide().encode(ProcessorReady(pid=7, vocab_size=256)))
+        with pytest.raises(queue.Empty):
+            inbox.get(timeout=0.5)  # five poll intervals: it would have been read by now
+        assert server._thread.is_alive()
+        server.attach_link(EngineSide())
+        _identity, msg = inbox.get(timeout=RECV_TIMEOUT_MS / 1000)
+        assert msg == ProcessorReady(pid=7, vocab_size=256)
+    finally:
+        processor.close()
+        server.stop()
+        ctx.term()
