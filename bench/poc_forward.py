@@ -17,6 +17,8 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from backend.engine import compat
@@ -142,17 +144,24 @@ def flops_per_seq(cfg, seq_len: int) -> float:
     return layers * (2 * linear * seq_len + attention)
 
 
+@contextmanager
+def _leased(runner, pool, num_blocks: int) -> Iterator[list[int]]:
+    """Block ids for a forward outside the runner (bare, stages), after the runner's own held lease went back
+    (as the engine returns it before a step)."""
+    runner.release()
+    blocks = pool.get_new_blocks(num_blocks)
+    try:
+        yield [b.block_id for b in blocks]
+    finally:
+        pool.free_blocks(blocks)
+
+
 def _write_profiles(out: Path, llm, runner, pool, job: ArtifactJob, seq_len: int, batch: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     nonces = list(range(batch))
     poc = _profile_table(lambda: [runner.run(job, nonces) for _ in range(3)])
-    runner.release()  # the runner keeps its lease between forwards; the bare forward takes its own
-    blocks = pool.get_new_blocks(batch * runner.blocks_per_seq(seq_len))
-    try:
-        ids = [b.block_id for b in blocks]
+    with _leased(runner, pool, batch * runner.blocks_per_seq(seq_len)) as ids:
         bare = _profile_table(lambda: llm.collective_rpc(_bare, args=(ids, batch, seq_len, 3)))
-    finally:
-        pool.free_blocks(blocks)
     (out / f"profile_L{seq_len}_B{batch}.txt").write_text(f"=== PoC x3\n{poc}\n\n=== bare x3 (+1 warm-up)\n{bare}\n")
 
 
@@ -209,23 +218,14 @@ def main(argv: list[str] | None = None) -> None:
                 _arts, n = runner.run(job, [(r * args.iters + i) * batch + k for k in range(batch)])
                 assert n == batch
             poc_round_s = (time.perf_counter() - started) / args.iters
-            runner.release()  # as the engine does before a step; the bare forward leases its own
-            leased = pool.get_new_blocks(num_blocks)
-            try:
-                rounds.append((poc_round_s, llm.collective_rpc(
-                    _bare, args=([b.block_id for b in leased], batch, seq_len, args.iters))[0]))
-            finally:
-                pool.free_blocks(leased)
+            with _leased(runner, pool, num_blocks) as ids:
+                rounds.append((poc_round_s, llm.collective_rpc(_bare, args=(ids, batch, seq_len, args.iters))[0]))
         poc_s, bare_s = (statistics.median(col) for col in zip(*rounds, strict=True))
         ratio = statistics.median(bare / poc for poc, bare in rounds)
         parts = None
         if args.parts:
-            leased = pool.get_new_blocks(num_blocks)
-            try:
-                parts = llm.collective_rpc(_parts, args=([b.block_id for b in leased], batch, seq_len,
-                                                         args.iters))[0]
-            finally:
-                pool.free_blocks(leased)
+            with _leased(runner, pool, num_blocks) as ids:
+                parts = llm.collective_rpc(_parts, args=(ids, batch, seq_len, args.iters))[0]
         if args.profile:
             _write_profiles(Path(args.profile), llm, runner, pool, job, seq_len, batch)
         flops = flops_per_seq(hf_cfg, seq_len) * batch

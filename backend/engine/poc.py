@@ -90,7 +90,6 @@ class PocRunner:
         self.num_nonces += len(nonces)
         return [(int(n), str(v)) for n, v in result], len(nonces)
 
-
     def _lease(self, num_blocks: int) -> list[int]:
         """Ids of `num_blocks` leased blocks: the held ones when there are enough, else a fresh lease. A forward's
         KV writes land after the previous forward has finished (its artifacts were read), so reuse is safe."""
