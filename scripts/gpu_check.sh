@@ -114,7 +114,9 @@ case "${1:-tests}" in
     case "$part" in moe-fp8|all) topo --shape qwen3-235b-a22b --num-layers "$layers" --quant fp8 \
       --json "$out/topologies-235b-fp8.json" ;; esac
     case "$part" in serving|all)
-      python3 -m bench.serving --shape qwen3-235b-a22b --num-layers "$layers" \
+      # Eager on both sides: compiled TP>1 died in vLLM's profiling forward, for `vllm serve` too, on a host with
+      # NVLink multicast off (docs/benchmarks.md, 2026-11-25 late night; README, Troubleshooting).
+      python3 -m bench.serving --enforce-eager --shape qwen3-235b-a22b --num-layers "$layers" \
         --model-dir "models/qwen3-235b-a22b-${layers}l" --tensor-parallel-size "$widest" --num-requests 256 \
         --concurrency 32 --max-tokens 128 --max-model-len 2048 --max-num-seqs 64 --max-num-batched-tokens 8192 \
         --gpu-memory-utilization 0.8 --json "$out/serving-tp$widest.json" 2>&1 | quiet | tail -14 \
