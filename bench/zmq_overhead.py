@@ -4,7 +4,10 @@ Three processes besides this one:
 - a fake backend: the real `backend.transport.server.SocketServer` and `backend.transport.control.ControlPlane`,
   plus a thread that answers every GenerateRequest at once with one finishing 1-token DeltasEvent (no vLLM import);
 - the real frontend (`python -m frontend`) connected to it;
-- a bare FastAPI app (same uvicorn settings) with one route returning the same JSON without ZMQ: the baseline.
+- a bare FastAPI app (same uvicorn settings) with one route returning the same JSON without ZMQ: the baseline;
+- a "floor" app: the bare app whose route also makes one round trip to the fake backend through the frontend's
+  own BackendClient (no validation, conversion or shaping): what HTTP plus one ZMQ round trip costs with none of
+  our route code, so ours − floor is that code and floor − bare the process boundary the architecture puts there.
 The client sends N sequential non-streaming /v1/chat/completions over one kept-alive HTTP connection to each
 (alternating blocks, so drift hits both alike) and reports p50/p90/p99; overhead = ours − bare. A third
 series times the backend hop alone (a DEALER sending GenerateRequest to the fake backend, no HTTP), which
@@ -83,6 +86,48 @@ def bare_app() -> FastAPI:
     return app
 
 
+def floor_app(address: str, keys_dir: Path | None) -> FastAPI:
+    """The bare app plus one backend round trip per request, through the frontend's BackendClient."""
+    from contextlib import asynccontextmanager
+
+    from frontend import settings as frontend_settings
+    from frontend.backend_client import BackendClient
+    from protocol.generate import ChatMessage, GenerateRequest, SamplingSpec
+
+    s = frontend_settings.load_settings(curve_client_flags(keys_dir) if keys_dir else [], {})
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        client = BackendClient(address, "floor", curve_keys=s.curve_client_secret_key_file,
+                               curve_server_key=s.curve_server_public_key_file)
+        await client.start()
+        app.state.client = client
+        try:
+            yield
+        finally:
+            await client.close()
+
+    app = FastAPI(title="floor", lifespan=lifespan)
+    messages = [ChatMessage(role="user", content="hi")]
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> dict:
+        body = await request.json()
+        client = request.app.state.client
+        req = GenerateRequest(rid=client.new_rid(), sampling=SamplingSpec(max_tokens=1), messages=messages)
+        async for _ in client.generate(req):
+            pass
+        return completion(body["model"])
+
+    @app.get("/health")
+    async def health(request: Request):
+        from fastapi.responses import Response
+
+        return Response(status_code=200 if request.app.state.client.is_alive else 503)
+
+    return app
+
+
 def make_curve_keys(keys_dir: Path) -> None:
     """keys_dir/backend (its pair), keys_dir/frontend (one pair for the frontend and the hop timer), clients/."""
     from backend.tools.curve_keys import create_key_pair
@@ -143,14 +188,14 @@ def serve_fake_backend(address: str, keys_dir: Path | None) -> None:
     server.stop()
 
 
-def serve_bare(port: int) -> None:
+def serve_app(app: FastAPI, port: int) -> None:
     import uvicorn
 
     from common.logs import configure_logging
 
     configure_logging("console", "info")  # as the frontend does (access log at WARNING)
     # The same uvicorn call as frontend/__main__.py.
-    uvicorn.run(bare_app(), host="127.0.0.1", port=port, log_config=None, timeout_graceful_shutdown=5)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_config=None, timeout_graceful_shutdown=5)
 
 
 def time_block(conn: http.client.HTTPConnection, n: int, out: list[float]) -> None:
@@ -212,7 +257,7 @@ def stats_ms(xs: list[float]) -> dict:
 def run(args: argparse.Namespace) -> dict:
     log_dir = args.log_dir
     address = f"ipc://{log_dir}/fake-backend.ipc"
-    ours_port, bare_port = free_port(), free_port()
+    ours_port, bare_port, floor_port = free_port(), free_port(), free_port()
     me = ["-m", "bench.zmq_overhead"]
     keys_dir = log_dir / "keys" if args.curve else None
     if keys_dir is not None:
@@ -227,13 +272,15 @@ def run(args: argparse.Namespace) -> dict:
         procs.append(Proc("frontend", ["-m", "frontend", "--backend-address", address, "--port", str(ours_port),
                                        *frontend_extra], log_dir / "frontend.log").start())
         procs.append(Proc("bare", [*me, "--serve-bare", str(bare_port)], log_dir / "bare.log").start())
-        wait_http_ok(f"http://127.0.0.1:{ours_port}/health", procs, 60.0)
-        wait_http_ok(f"http://127.0.0.1:{bare_port}/health", procs, 60.0)
-        conns = {"ours": http.client.HTTPConnection("127.0.0.1", ours_port, timeout=10),
-                 "bare": http.client.HTTPConnection("127.0.0.1", bare_port, timeout=10)}
+        procs.append(Proc("floor", [*me, "--serve-floor", str(floor_port), "--backend-address", address,
+                                    *backend_extra], log_dir / "floor.log").start())
+        ports = {"bare": bare_port, "floor": floor_port, "ours": ours_port}
+        for port in ports.values():
+            wait_http_ok(f"http://127.0.0.1:{port}/health", procs, 60.0)
+        conns = {name: http.client.HTTPConnection("127.0.0.1", port, timeout=10) for name, port in ports.items()}
         time_zmq_block, close_zmq = zmq_timer(address, keys_dir)
-        timers = {"bare": lambda n, out: time_block(conns["bare"], n, out),
-                  "ours": lambda n, out: time_block(conns["ours"], n, out), "zmq": time_zmq_block}
+        timers = {name: (lambda n, out, conn=conn: time_block(conn, n, out)) for name, conn in conns.items()}
+        timers["zmq"] = time_zmq_block
         samples: dict[str, list[float]] = {name: [] for name in timers}
         for timer in timers.values():
             timer(args.num_warmup, [])
@@ -264,12 +311,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--serve-fake-backend", metavar="ADDRESS", help=argparse.SUPPRESS)
     p.add_argument("--curve-keys-dir", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--serve-bare", metavar="PORT", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--serve-floor", metavar="PORT", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--backend-address", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve_fake_backend:
         serve_fake_backend(args.serve_fake_backend, args.curve_keys_dir)
         return 0
     if args.serve_bare:
-        serve_bare(args.serve_bare)
+        serve_app(bare_app(), args.serve_bare)
+        return 0
+    if args.serve_floor:
+        serve_app(floor_app(args.backend_address, args.curve_keys_dir), args.serve_floor)
         return 0
     raise_on_signals()
     args.log_dir = args.log_dir or Path(f"/tmp/pocserve-zmqbench-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
@@ -279,15 +331,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; child processes stopped", file=sys.stderr)
         return 130
-    overhead = {k: figures["ours"][k] - figures["bare"][k] for k in ("p50_ms", "p90_ms", "p99_ms", "mean_ms")}
-    print(f"{'':8}{'n':>7}{'mean ms':>10}{'p50 ms':>10}{'p90 ms':>10}{'p99 ms':>10}")
-    for name in ("bare", "ours", "zmq"):
+    keys = ("mean_ms", "p50_ms", "p90_ms", "p99_ms")
+    differences = {f"{a}-{b}": {k: figures[a][k] - figures[b][k] for k in keys}
+                   for a, b in (("ours", "bare"), ("floor", "bare"), ("ours", "floor"))}
+    overhead = differences["ours-bare"]
+    print(f"{'':12}{'n':>7}{'mean ms':>10}{'p50 ms':>10}{'p90 ms':>10}{'p99 ms':>10}")
+    for name in ("bare", "floor", "ours", "zmq"):
         f = figures[name]
-        print(f"{name:8}{f['n']:>7}{f['mean_ms']:>10.3f}{f['p50_ms']:>10.3f}{f['p90_ms']:>10.3f}{f['p99_ms']:>10.3f}")
-    print(f"{'ours-bare':8}{'':>7}{overhead['mean_ms']:>10.3f}{overhead['p50_ms']:>10.3f}"
-          f"{overhead['p90_ms']:>10.3f}{overhead['p99_ms']:>10.3f}")
-    print("(zmq: the backend hop alone, GenerateRequest -> DeltasEvent over a DEALER, no HTTP)"
-          + ("; CURVE on" if args.curve else ""))
+        print(f"{name:12}{f['n']:>7}" + "".join(f"{f[k]:>10.3f}" for k in keys))
+    for name, d in differences.items():
+        print(f"{name:12}{'':>7}" + "".join(f"{d[k]:>10.3f}" for k in keys))
+    print("(floor: the bare app plus one BackendClient round trip; zmq: the backend hop alone, GenerateRequest ->"
+          " DeltasEvent over a DEALER, no HTTP)" + ("; CURVE on" if args.curve else ""))
     verdict = "meets" if overhead["p50_ms"] < TARGET_MS else "MISSES"
     print(f"overhead p50 {overhead['p50_ms']:.3f} ms: {verdict} the < {TARGET_MS} ms target")
     if args.json is not None:
@@ -297,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
                "command": shlex.join(["python", "-m", "bench.zmq_overhead", *(argv or sys.argv[1:])]),
                "config": {"num_requests": args.num_requests, "num_warmup": args.num_warmup, "block": args.block,
                           "curve": args.curve},
-               "figures": figures, "overhead_ms": overhead}
+               "figures": figures, "overhead_ms": overhead, "differences_ms": differences}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=2) + "\n")
         print(f"figures written to {args.json}")
