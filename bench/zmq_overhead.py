@@ -1,6 +1,6 @@
 """Microbenchmark: what the frontend + ZMQ hop add to one request, against a trivial engine stand-in.
 
-Three processes besides this one:
+Four processes besides this one:
 - a fake backend: the real `backend.transport.server.SocketServer` and `backend.transport.control.ControlPlane`,
   plus a thread that answers every GenerateRequest at once with one finishing 1-token DeltasEvent (no vLLM import);
 - the real frontend (`python -m frontend`) connected to it;
@@ -9,7 +9,7 @@ Three processes besides this one:
   own BackendClient (no validation, conversion or shaping): what HTTP plus one ZMQ round trip costs with none of
   our route code, so ours − floor is that code and floor − bare the process boundary the architecture puts there.
 The client sends N sequential non-streaming /v1/chat/completions over one kept-alive HTTP connection to each
-(alternating blocks, so drift hits both alike) and reports p50/p90/p99; overhead = ours − bare. A third
+(alternating blocks, so drift hits all alike) and reports p50/p90/p99; overhead = ours − bare. A fourth
 series times the backend hop alone (a DEALER sending GenerateRequest to the fake backend, no HTTP), which
 splits the overhead into backend + ZMQ and the frontend's own share. With --curve the ZMQ link (frontend and
 the hop series) is CURVE-authenticated and encrypted, as the compose file runs it.
@@ -35,6 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from fastapi import FastAPI, Request
+from fastapi.responses import Response
 
 from bench.load import percentile
 from bench.procs import Proc, free_port, raise_on_signals, stop_all, wait_http_ok
@@ -120,9 +121,7 @@ def floor_app(address: str, keys_dir: Path | None) -> FastAPI:
         return completion(body["model"])
 
     @app.get("/health")
-    async def health(request: Request):
-        from fastapi.responses import Response
-
+    async def health(request: Request) -> Response:
         return Response(status_code=200 if request.app.state.client.is_alive else 503)
 
     return app
