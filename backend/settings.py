@@ -74,6 +74,11 @@ class BackendSettings:
     master_port: int = setting("POCSERVE_MASTER_PORT", 29501,
                                "with --nnodes > 1: node 0's torch.distributed rendezvous port")
     enforce_eager: bool = setting("POCSERVE_ENFORCE_EAGER", False, "disable CUDA graphs / compilation")
+    allreduce_fusion: str = setting("POCSERVE_ALLREDUCE_FUSION", "auto",
+                                    "vLLM's fused all-reduce + RMSNorm at TP > 1 (compiled engines): on = vLLM's "
+                                    "default, off, or auto = off where NVLink multicast is switched off "
+                                    "(NCCL_NVLS_ENABLE=0 or TORCH_SYMM_MEM_DISABLE_MULTICAST=1), where vLLM 0.26's "
+                                    "fused kernel crashes the engine at start", choices=("auto", "on", "off"))
     logprobs_mode: str = setting("POCSERVE_LOGPROBS_MODE", "processed_logprobs",
                                  "default logprobs mode (the network validates with processed)",
                                  choices=("raw_logprobs", "processed_logprobs"))
