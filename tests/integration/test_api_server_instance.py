@@ -48,7 +48,8 @@ def test_instance_state_dir_and_zmq_path_are_the_instance_own(tmp_path):
     (tmp_path / "model").mkdir()
     plan = replace(PLAN, model=str(tmp_path / "model"), api_key="secret")
     a = prepare(replace(plan, port=_free_port()), tmp_path / "state")
-    b = prepare(replace(plan, port=a.plan.port + 1), tmp_path / "state")
+    # Another free port, not a's neighbour: port + 1 can be any process's ephemeral port on a busy machine.
+    b = prepare(replace(plan, port=_free_port(other_than=a.plan.port)), tmp_path / "state")
     try:
         assert a.state_dir == (tmp_path / "state" / f"port-{a.plan.port}").resolve() and a.state_dir.is_dir()
         assert a.state_dir != b.state_dir and a.address != b.address
@@ -73,10 +74,13 @@ def _flag(argv: list[str], flag: str) -> str:
     return argv[argv.index(flag) + 1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_port(other_than: int = 0) -> int:
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port != other_than:
+            return port
 
 
 def test_instance_unusable_state_root_names_the_setting(tmp_path):
