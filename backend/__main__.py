@@ -142,15 +142,15 @@ def serve(settings: BackendSettings) -> int:
     server.attach_link(EngineSide())
 
     from backend.engine.adapter import Engine
-    from backend.engine.args import multicast_switched_off
+    from backend.engine.args import allreduce_fusion, multicast_switched_off
     from backend.processor.parsing import check_parser_names
 
     engine = loop = None
     try:
         check_parser_names(settings.tool_call_parser, settings.reasoning_parser)  # vLLM's registries, so not earlier
-        switch = multicast_switched_off(os.environ)
-        if settings.tensor_parallel_size > 1 and settings.allreduce_fusion == "auto" and switch is not None:
-            log.info("allreduce_fusion_off", because=f"{switch} switches NVLink multicast off")
+        if settings.tensor_parallel_size > 1 and not allreduce_fusion(settings.allreduce_fusion, os.environ):
+            log.info("allreduce_fusion_off", setting=settings.allreduce_fusion,
+                     multicast_switched_off_by=multicast_switched_off(os.environ))
         log.info("engine_starting", uptime_s=process_uptime_s())
         engine = Engine(settings)
         loop = build_loop(settings, engine, server, inbox, control, store, processor)

@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
             with _leased(runner, pool, num_blocks) as ids:
                 rounds.append((poc_round_s, llm.collective_rpc(_bare, args=(ids, batch, seq_len, args.iters))[0]))
         poc_s, bare_s = (statistics.median(col) for col in zip(*rounds, strict=True))
-        ratio = statistics.median(bare / poc for poc, bare in rounds)
+        round_ratios = [bare / poc for poc, bare in rounds]
         parts = None
         if args.parts:
             with _leased(runner, pool, num_blocks) as ids:
@@ -230,8 +230,8 @@ def main(argv: list[str] | None = None) -> None:
             _write_profiles(Path(args.profile), llm, runner, pool, job, seq_len, batch)
         flops = flops_per_seq(hf_cfg, seq_len) * batch
         row = {"seq_len": seq_len, "batch": batch, "poc_nonces_per_s": batch / poc_s,
-               "bare_nonces_per_s": batch / bare_s, "ratio": ratio,
-               "round_ratios": [bare / poc for poc, bare in rounds],
+               "bare_nonces_per_s": batch / bare_s, "ratio": statistics.median(round_ratios),
+               "round_ratios": round_ratios,
                "poc_mfu": flops / poc_s / 1e12 / peak, "bare_mfu": flops / bare_s / 1e12 / peak}
         if parts:
             row["parts_ms"] = parts
