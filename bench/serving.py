@@ -76,6 +76,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--log-dir", type=Path, default=None, help="child logs (default: /tmp/pocserve-bench-*)")
     p.add_argument("--ours-env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra environment for our backend only (diagnosis, e.g. OMP_NUM_THREADS=1); repeatable")
+    p.add_argument("--ours-arg", action="append", default=[], metavar="ARG",
+                   help="extra argument for our backend only (e.g. --ours-arg=--log-level --ours-arg=info); "
+                        "repeatable")
+    p.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
+                   help="extra argument for `vllm serve` only (e.g. --vllm-arg=--compilation-config "
+                        "--vllm-arg='{...}'); repeatable")
     p.add_argument("--device-note", default="", help="free text recorded with the figures (e.g. '1x H100')")
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = p.parse_args(argv)
@@ -102,7 +108,8 @@ def _engine_flags(args: argparse.Namespace) -> list[str]:
 def start_ours(args: argparse.Namespace, model_dir: Path, port: int) -> tuple[list[Proc], str]:
     address = f"ipc://{args.log_dir}/backend.ipc"
     backend = Proc("backend", ["-m", "backend", "--model", str(model_dir), "--address", address,
-                               "--generate-model", "none", "--log-level", "warning", *_engine_flags(args)],
+                               "--generate-model", "none", "--log-level", "warning", *_engine_flags(args),
+                               *args.ours_arg],
                    args.log_dir / "ours-backend.log", env=dict(kv.split("=", 1) for kv in args.ours_env))
     frontend = Proc("frontend", ["-m", "frontend", "--backend-address", address, "--port", str(port),
                                  "--log-level", "warning"], args.log_dir / "ours-frontend.log")
@@ -115,7 +122,7 @@ def start_vllm(args: argparse.Namespace, model_dir: Path, port: int) -> tuple[li
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # vLLM's own default for `vllm serve`
     server = Proc("vllm", ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                            "--host", "127.0.0.1", "--port", str(port), "--enable-prefix-caching",
-                           *_engine_flags(args)], args.log_dir / "vllm-serve.log", env=env)
+                           *_engine_flags(args), *args.vllm_arg], args.log_dir / "vllm-serve.log", env=env)
     return [server.start()], f"http://127.0.0.1:{port}/v1/models"
 
 
