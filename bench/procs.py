@@ -168,3 +168,22 @@ def stop_all(procs: list[Proc]) -> None:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def gpu_processes() -> list[str]:
+    """`pid, name, memory` of every process holding a CUDA context ([] where there is no nvidia-smi)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
+
+def wait_gpus_free(timeout_s: float, poll_s: float = 2.0) -> tuple[float, list[str]]:
+    """Waits until no process holds a GPU (what the previous step left exiting would share the device with the
+    system under test). Returns the seconds waited and the processes still there at the timeout."""
+    started = time.monotonic()
+    while (held := gpu_processes()) and time.monotonic() - started < timeout_s:
+        time.sleep(poll_s)
+    return time.monotonic() - started, held

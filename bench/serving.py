@@ -46,6 +46,7 @@ from bench.procs import (
     machine_busy_s,
     raise_on_signals,
     stop_all,
+    wait_gpus_free,
     wait_http_ok,
 )
 
@@ -73,6 +74,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--systems", default="ours,vllm", help="comma-separated, run in this order")
     p.add_argument("--startup-timeout-s", type=float, default=900.0)
+    p.add_argument("--gpu-free-timeout-s", type=float, default=120.0,
+                   help="before each system, wait this long at most for other processes to leave the GPUs")
     p.add_argument("--log-dir", type=Path, default=None, help="child logs (default: /tmp/pocserve-bench-*)")
     p.add_argument("--ours-env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra environment for our backend only (diagnosis, e.g. OMP_NUM_THREADS=1); repeatable")
@@ -135,6 +138,11 @@ def _cpu_now(procs: list[Proc]) -> tuple[float, float, float]:
 def bench_system(name: str, args: argparse.Namespace, model_dir: Path) -> dict:
     port = free_port()
     procs: list[Proc] = []
+    # Ours-first runs at TP=4 on 4xH200 lost up to 10x in TTFT right after other GPU work had stopped
+    # (docs/benchmarks.md, 2026-11-26); the wait and the list make such a run visible.
+    waited_s, held = wait_gpus_free(args.gpu_free_timeout_s)
+    if held:
+        print(f"[{name}] GPUs still held after {waited_s:.0f} s: {held}", flush=True)
     try:
         procs, ready_url = (start_ours if name == "ours" else start_vllm)(args, model_dir, port)
         startup_s = wait_http_ok(ready_url, procs, args.startup_timeout_s)
@@ -154,7 +162,8 @@ def bench_system(name: str, args: argparse.Namespace, model_dir: Path) -> dict:
             p.check_running()
         # On a shared machine, CPU used by processes that are neither the servers nor this client skews the
         # figures; 100 % = one core busy with foreign work for the whole load.
-        return {**summarize(results, duration_s), "startup_s": startup_s,
+        return {**summarize(results, duration_s), "startup_s": startup_s, "gpu_wait_s": waited_s,
+                "gpu_held_at_start": held,
                 "servers_cpu_pct": 100 * cpu[1] / duration_s, "client_cpu_pct": 100 * cpu[2] / duration_s,
                 "foreign_cpu_pct": 100 * (cpu[0] - cpu[1] - cpu[2]) / duration_s}
     finally:
