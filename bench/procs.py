@@ -171,13 +171,16 @@ def stop_all(procs: list[Proc]) -> None:
 
 
 def gpu_processes() -> list[str]:
-    """`pid, name, memory` of every process holding a CUDA context ([] where there is no nvidia-smi)."""
+    """`pid, name, memory` of every process of this machine's that holds a CUDA context ([] where there is no
+    nvidia-smi). Processes outside this PID namespace (another container on a shared host) are not ours to
+    wait for: nvidia-smi names them by host PIDs that /proc here does not have."""
     try:
         out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
                               "--format=csv,noheader"], capture_output=True, text=True, timeout=30, check=True)
     except (OSError, subprocess.SubprocessError):
         return []
-    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    rows = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    return [row for row in rows if os.path.exists(f"/proc/{row.split(',', 1)[0].strip()}")]
 
 
 def wait_gpus_free(timeout_s: float, poll_s: float = 2.0) -> tuple[float, list[str]]:

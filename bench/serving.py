@@ -74,7 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--systems", default="ours,vllm", help="comma-separated, run in this order")
     p.add_argument("--startup-timeout-s", type=float, default=900.0)
-    p.add_argument("--gpu-free-timeout-s", type=float, default=120.0,
+    p.add_argument("--gpu-free-timeout-s", type=float, default=60.0,
                    help="before each system, wait this long at most for other processes to leave the GPUs")
     p.add_argument("--log-dir", type=Path, default=None, help="child logs (default: /tmp/pocserve-bench-*)")
     p.add_argument("--ours-env", action="append", default=[], metavar="KEY=VALUE",

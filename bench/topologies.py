@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from bench.procs import Proc, free_port, raise_on_signals, stop_all, wait_http_ok
+from bench.procs import Proc, free_port, raise_on_signals, stop_all, wait_gpus_free, wait_http_ok
 from poc.artifacts import decode_vector
 from poc.validation import StatTest, fraud_test
 
@@ -95,6 +95,9 @@ def run_topology(topology: Topology, model_dir: Path, args) -> dict:
                    work / "backend.log", env=_cpu_bind(topology.ranks))
     frontend = Proc("frontend", ["-m", "frontend", "--backend-address", address, "--port", str(port),
                                  "--log-level", "warning"], work / "frontend.log")
+    waited_s, held = wait_gpus_free(args.gpu_free_timeout_s)  # the previous topology's ranks may still be exiting
+    if held:
+        print(f"{topology.name}: GPUs still held after {waited_s:.0f} s: {held}", flush=True)
     procs = [backend.start(), frontend.start()]
     try:
         started = time.monotonic()
@@ -109,7 +112,8 @@ def run_topology(topology: Topology, model_dir: Path, args) -> dict:
         stop_all(procs)
     print(f"{topology.name}: {len(artifacts)} artifacts, {args.nonces / elapsed:.1f} nonces/s, "
           f"ready after {startup_s:.0f} s", flush=True)
-    return {"artifacts": artifacts, "nonces_per_s": args.nonces / elapsed, "startup_s": startup_s}
+    return {"artifacts": artifacts, "nonces_per_s": args.nonces / elapsed, "startup_s": startup_s,
+            "gpu_wait_s": waited_s, "gpu_held_at_start": held}
 
 
 def compare(a: dict[int, str], b: dict[int, str]) -> dict:
@@ -144,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.2)
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--startup-timeout-s", type=float, default=1800.0)
+    p.add_argument("--gpu-free-timeout-s", type=float, default=60.0,
+                   help="before each topology, wait this long at most for other processes to leave the GPUs")
     p.add_argument("--job-timeout-s", type=float, default=3600.0)
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/pocserve-bench-topologies"))
     p.add_argument("--json", type=Path, default=None)
