@@ -138,8 +138,8 @@ def _cpu_now(procs: list[Proc]) -> tuple[float, float, float]:
 def bench_system(name: str, args: argparse.Namespace, model_dir: Path) -> dict:
     port = free_port()
     procs: list[Proc] = []
-    # Ours-first runs at TP=4 on 4xH200 lost up to 10x in TTFT right after other GPU work had stopped
-    # (docs/benchmarks.md, 2026-11-26); the wait and the list make such a run visible.
+    # The ours-first runs at TP=4 on 4xH200 lost up to 10x in TTFT, likely to the previous step's processes still
+    # exiting (docs/benchmarks.md, 2026-11-26; not measured): the wait avoids that, the list shows what stayed.
     waited_s, held = wait_gpus_free(args.gpu_free_timeout_s)
     if held:
         print(f"[{name}] GPUs still held after {waited_s:.0f} s: {held}", flush=True)
