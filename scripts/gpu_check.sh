@@ -123,7 +123,8 @@ case "${1:-tests}" in
       elif [ "${NCCL_NVLS_ENABLE:-}" = 0 ] || [ "${TORCH_SYMM_MEM_DISABLE_MULTICAST:-}" = 1 ]; then
         extra+=(--vllm-arg=--compilation-config '--vllm-arg={"pass_config": {"fuse_allreduce_rms": false}}')
       fi
-      python3 -m bench.serving "${mode[@]}" "${extra[@]}" --systems "${SYSTEMS:-ours,vllm}" --shape qwen3-235b-a22b --num-layers "$layers" \
+      python3 -m bench.serving "${mode[@]}" "${extra[@]}" --systems "${SYSTEMS:-ours,vllm}" \
+        --shape qwen3-235b-a22b --num-layers "$layers" \
         --model-dir "models/qwen3-235b-a22b-${layers}l" --tensor-parallel-size "$widest" --num-requests 256 \
         --concurrency 32 --max-tokens 128 --max-model-len 2048 --max-num-seqs 64 --max-num-batched-tokens 8192 \
         --gpu-memory-utilization 0.8 --json "$out/serving-tp$widest.json" 2>&1 | quiet | tail -14 \
