@@ -11,6 +11,7 @@ import pytest
 
 from pocserve.flags import Plan
 from pocserve.instance import InstanceError, check_port_free, prepare, resolve_model
+from tests.stack import free_port
 
 PLAN = Plan(model="", revision=None, download_dir=None, served_model_name="tiny", host="127.0.0.1", port=0,
             api_key="", backend_args=("--max-model-len", "1024"), frontend_args=(), ignored=(),
@@ -47,9 +48,9 @@ def test_instance_model_directory_or_local_hugging_face_cache(tmp_path):
 def test_instance_state_dir_and_zmq_path_are_the_instance_own(tmp_path):
     (tmp_path / "model").mkdir()
     plan = replace(PLAN, model=str(tmp_path / "model"), api_key="secret")
-    a = prepare(replace(plan, port=_free_port()), tmp_path / "state")
+    a = prepare(replace(plan, port=free_port()), tmp_path / "state")
     # Another free port, not a's neighbour: port + 1 can be any process's ephemeral port on a busy machine.
-    b = prepare(replace(plan, port=_free_port(other_than=a.plan.port)), tmp_path / "state")
+    b = prepare(replace(plan, port=next(p for p in iter(free_port, None) if p != a.plan.port)), tmp_path / "state")
     try:
         assert a.state_dir == (tmp_path / "state" / f"port-{a.plan.port}").resolve() and a.state_dir.is_dir()
         assert a.state_dir != b.state_dir and a.address != b.address
@@ -74,17 +75,8 @@ def _flag(argv: list[str], flag: str) -> str:
     return argv[argv.index(flag) + 1]
 
 
-def _free_port(other_than: int = 0) -> int:
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port != other_than:
-            return port
-
-
 def test_instance_unusable_state_root_names_the_setting(tmp_path):
     (tmp_path / "model").mkdir()
     (tmp_path / "file").write_text("")
     with pytest.raises(InstanceError, match=r"^POCSERVE_STATE_ROOT: cannot create"):
-        prepare(replace(PLAN, model=str(tmp_path / "model"), port=_free_port()), Path(tmp_path / "file"))
+        prepare(replace(PLAN, model=str(tmp_path / "model"), port=free_port()), Path(tmp_path / "file"))
