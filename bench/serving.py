@@ -82,9 +82,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ours-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for our backend only (e.g. --ours-arg=--log-level --ours-arg=info); "
                         "repeatable")
-    p.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
-                   help="extra argument for `vllm serve` only (e.g. --vllm-arg=--compilation-config "
-                        "--vllm-arg='{...}'); repeatable")
     p.add_argument("--device-note", default="", help="free text recorded with the figures (e.g. '1x H100')")
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = p.parse_args(argv)
@@ -120,12 +117,23 @@ def start_ours(args: argparse.Namespace, model_dir: Path, port: int) -> tuple[li
     return [backend.start(), frontend.start()], f"http://127.0.0.1:{port}/health"
 
 
+def _vllm_fusion_flags() -> list[str]:
+    """Our backend's all-reduce fusion decision (`--allreduce-fusion auto`) for `vllm serve` too: where NVLink
+    multicast is off, vLLM's default fusion dies at TP > 1 (docs/decisions.md), and the two engines should match."""
+    from backend.engine.args import allreduce_fusion  # imports vLLM: only where `vllm serve` runs
+
+    if allreduce_fusion("auto", os.environ):
+        return []
+    return ["--compilation-config", json.dumps({"pass_config": {"fuse_allreduce_rms": False}})]
+
+
 def start_vllm(args: argparse.Namespace, model_dir: Path, port: int) -> tuple[list[Proc], str]:
     env = {k: v for k, v in ENGINE_ENV_DEFAULTS.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # vLLM's own default for `vllm serve`
     server = Proc("vllm", ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                            "--host", "127.0.0.1", "--port", str(port), "--enable-prefix-caching",
-                           *_engine_flags(args), *args.vllm_arg], args.log_dir / "vllm-serve.log", env=env)
+                           *_engine_flags(args), *_vllm_fusion_flags()], args.log_dir / "vllm-serve.log",
+                  env=env)
     return [server.start()], f"http://127.0.0.1:{port}/v1/models"
 
 

@@ -116,13 +116,10 @@ case "${1:-tests}" in
     case "$part" in serving|all)
       # Compiled on both sides, as nodes run. Where NVLink multicast is off, vLLM's fused all-reduce + RMSNorm
       # dies in the profiling forward (docs/decisions.md): our backend turns it off itself (--allreduce-fusion
-      # auto), `vllm serve` is told to. EAGER=1 runs both eager, as on 2026-11-25 (late night); SYSTEMS=vllm,ours
-      # runs `vllm serve` first.
-      mode=(); extra=(--ours-arg=--log-level --ours-arg=info)  # info: its allreduce_fusion_off line
-      if [ "${EAGER:-0}" = 1 ]; then mode=(--enforce-eager)
-      elif [ "${NCCL_NVLS_ENABLE:-}" = 0 ] || [ "${TORCH_SYMM_MEM_DISABLE_MULTICAST:-}" = 1 ]; then
-        extra+=(--vllm-arg=--compilation-config '--vllm-arg={"pass_config": {"fuse_allreduce_rms": false}}')
-      fi
+      # auto), and bench.serving gives `vllm serve` the same decision. EAGER=1 runs both eager, as on 2026-11-25
+      # (late night); SYSTEMS=vllm,ours runs `vllm serve` first.
+      mode=(); if [ "${EAGER:-0}" = 1 ]; then mode=(--enforce-eager); fi
+      extra=(--ours-arg=--log-level --ours-arg=info)  # info: its allreduce_fusion_off line
       python3 -m bench.serving "${mode[@]}" "${extra[@]}" --systems "${SYSTEMS:-ours,vllm}" \
         --shape qwen3-235b-a22b --num-layers "$layers" \
         --model-dir "models/qwen3-235b-a22b-${layers}l" --tensor-parallel-size "$widest" --num-requests 256 \
