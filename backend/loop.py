@@ -22,6 +22,8 @@ from protocol.control import ErrorReply
 log = structlog.get_logger(__name__)
 
 _IDLE_WAIT_S = 0.1
+# With a PoC forward running beside chat and nothing else to do, the loop checks on it this often.
+_POLL_S = 0.001
 # Stats are published at most this often while busy (and on every idle wake-up).
 _PUBLISH_INTERVAL_S = 0.05
 # Timers (expired job results, the processor's liveness) run at most this often.
@@ -54,9 +56,35 @@ class BackendLoop:
             self.run_once()
 
     def run_once(self) -> None:
+        if self.engine.poc.overlaps:
+            self.run_once_overlapped()
+            return
         self.ingest(block=not (self.chat.has_work() or self.pow.has_work()))
         self.pow.feed()
         self.execute(policy.choose(self.snapshot()))
+        self.publish()
+        self.on_timer()
+
+    def run_once_overlapped(self) -> None:
+        """PoC forwards run beside engine steps: launch one, step chat meanwhile, collect it when it is done."""
+        in_flight = self.pow.is_in_flight
+        can_act = self.chat.has_work() or (self.pow.has_work() and not in_flight)
+        self.ingest(block=not can_act, timeout_s=_POLL_S if in_flight else _IDLE_WAIT_S)
+        if in_flight:
+            # Nothing can arrive for PoC to make room for while chat is gated (an exclusive round).
+            self.pow.poll_batch(wait=self.chat.is_gated and not self.chat.has_work())
+        self.pow.feed()
+        work = policy.choose_overlapped(self.snapshot())
+        if work.launch_poc:
+            started = time.perf_counter()
+            self.pow.launch_batch()
+            log.debug("poc_launched", host_ms=round((time.perf_counter() - started) * 1000, 2))
+        if work.step_chat:
+            self.chat.route(self.engine.step())
+            self.num_steps += 1
+            self.pow.unblock()
+        elif not self.pow.is_in_flight and not work.launch_poc:
+            self.engine.poc.release()
         self.publish()
         self.on_timer()
 
@@ -66,11 +94,11 @@ class BackendLoop:
             has_engine_work=self.chat.has_work(), is_chat_preparing=self.chat.is_preparing(),
             is_chat_gated=self.chat.is_gated, has_poc_work=self.pow.has_batch(),
             is_poc_blocked=self.pow.is_blocked, poc_credit_s=self.share.credit_s, poc_cost=cost,
-            poc_max_batch=max_batch)
+            poc_max_batch=max_batch, is_poc_in_flight=self.pow.is_in_flight, chat_share=self.share.share)
 
-    def ingest(self, block: bool) -> None:
+    def ingest(self, block: bool, timeout_s: float = _IDLE_WAIT_S) -> None:
         try:
-            item = self.inbox.get(timeout=_IDLE_WAIT_S) if block else self.inbox.get_nowait()
+            item = self.inbox.get(timeout=timeout_s) if block else self.inbox.get_nowait()
         except queue.Empty:
             return
         while True:

@@ -39,6 +39,10 @@ class Snapshot:
     # What the next PoC forward costs, learned (None: none of its seq_len ran yet), and the most sequences it takes.
     poc_cost: Cost | None = None
     poc_max_batch: int = 0
+    # A PoC forward launched beside chat steps is still running (forwards overlap chat; choose_overlapped).
+    is_poc_in_flight: bool = False
+    # Chat's share setting (choose_overlapped reads only its ends, 0 and 1).
+    chat_share: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -86,3 +90,25 @@ def _idle_forward(s: Snapshot) -> PocBatch:
         return PocBatch(limit=1)
     size = max(s.poc_cost.sequences_within(IDLE_FORWARD_S), s.poc_cost.efficient_size(IDLE_MAX_OVERHEAD))
     return PocBatch() if size >= s.poc_max_batch else PocBatch(limit=size)
+
+
+@dataclass(frozen=True)
+class Overlapped:
+    """One loop turn where PoC forwards run beside chat steps on a stream of their own: queue the next forward
+    (it runs while the loop goes on), and/or step the engine."""
+
+    launch_poc: bool
+    step_chat: bool
+
+
+def choose_overlapped(s: Snapshot) -> Overlapped:
+    """The device's scheduler shares it (chat's stream dispatches first), so between the share's ends there is
+    nothing to size: PoC keeps one whole forward queued while it has work. Share 1: a forward starts only while
+    chat is idle (one that chat then joins runs on beside it). Share 0: chat steps only while PoC is idle, or to
+    free the KV blocks PoC waits for."""
+    is_chat_active = s.has_engine_work or s.is_chat_preparing
+    poc_ready = s.has_poc_work and not s.is_poc_in_flight and not (s.is_poc_blocked and s.has_engine_work)
+    launch = poc_ready and (s.chat_share < 1.0 or s.is_chat_gated or not is_chat_active)
+    poc_busy = s.is_poc_in_flight or launch or (s.has_poc_work and not s.is_poc_blocked)
+    step = s.has_engine_work and (s.chat_share > 0.0 or not poc_busy)
+    return Overlapped(launch_poc=launch, step_chat=step)

@@ -117,6 +117,12 @@ class BackendSettings:
                                 "fraction of the device chat keeps while chat and PoC work (mining in shared mode, "
                                 "validation jobs always) compete, in [0, 1]: 1 = PoC only when chat is idle, 0 = "
                                 "chat only when PoC is idle; PoC forwards are sized to it from measured times")
+    poc_overlap: str = setting("POCSERVE_POC_OVERLAP", "auto",
+                               "PoC forwards beside chat steps on a CUDA stream of lower priority than chat's, "
+                               "instead of time-sliced between them by --chat-share: auto = on a CUDA engine of one "
+                               "rank (TP x PP = 1), on = also on a CPU engine (each forward then runs when launched, "
+                               "with no overlap: for tests), off = time-slicing",
+                               choices=("auto", "on", "off"))
     fault_fail_on_step: int = setting("POCSERVE_FAULT_FAIL_ON_STEP", 0,
                                       "fault injection for tests: the engine raises on this step (0 = never)")
     log_format: str = log_format_setting()
@@ -158,6 +164,10 @@ def _check(s: BackendSettings) -> None:
         raise SettingsError(f"--master-port / POCSERVE_MASTER_PORT must be a port number, got {s.master_port}")
     if not 0.0 <= s.chat_share <= 1.0:
         raise SettingsError(f"--chat-share / POCSERVE_CHAT_SHARE must be in [0, 1], got {s.chat_share}")
+    if s.poc_overlap == "on" and s.tensor_parallel_size * s.pipeline_parallel_size > 1:
+        # Both streams' collectives would share one communicator (and vLLM's custom all-reduce buffers).
+        raise SettingsError("--poc-overlap / POCSERVE_POC_OVERLAP on needs one rank (tensor x pipeline parallel "
+                            "size 1); auto and off time-slice across ranks")
     if not 0.0 < s.gpu_memory_utilization <= 1.0:
         raise SettingsError("--gpu-memory-utilization must be in (0, 1]")
     if s.block_size < 0:

@@ -16,6 +16,7 @@ Prints chat output tok/s, TTFT and TPOT p50/p99, and PoC nonces/s alone and besi
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import threading
 import time
@@ -159,12 +160,28 @@ def _chat_load(base: str, args) -> dict:
             "tpot_p50_ms": float(np.percentile(tpot, 50) * 1000), "tpot_p99_ms": float(np.percentile(tpot, 99) * 1000)}
 
 
+def _greedy(base: str) -> str:
+    """A temperature-0 chat's text: the same on an idle engine and beside a round, or chat's numerics moved."""
+    body = {"model": "bench", "messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": 32,
+            "temperature": 0, "ignore_eos": True}
+    r = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=600)
+    r.raise_for_status()
+    return r.json()["choices"][0]["message"]["content"]
+
+
+def _probe_vectors(base: str, args) -> list[str]:
+    """One forward's worth of a validation job's artifacts, in nonce order."""
+    _, body = _job(base, list(range(10**9, 10**9 + args.batch_size)), args)
+    return [a["vector_b64"] for a in sorted(body["artifacts"], key=lambda a: a["nonce"])]
+
+
 def chat_part(model_dir: Path, args) -> dict:
     procs, _address, base = start_stack(model_dir, args.work_dir, "shared", args,
-                                        "--chat-share", str(args.chat_share))
+                                        "--chat-share", str(args.chat_share), *args.backend_arg)
     try:
         args_warm = argparse.Namespace(**{**vars(args), "seconds": 0.0})
         _chat_load(base, args_warm)  # warm-up: one request per stream
+        greedy_idle, probe_alone = _greedy(base), _probe_vectors(base, args)
         idle = _chat_load(base, args)
         poc_alone = _batch_rate(base, args)
         _init(base, args)
@@ -172,25 +189,48 @@ def chat_part(model_dir: Path, args) -> dict:
             time.sleep(args.settle_s)
             before = _processed(base)
             started = time.perf_counter()
+            under_load: dict = {}
+
+            def beside_both() -> None:  # a validation job and a greedy chat, while the round and the chats run
+                time.sleep(min(2.0, args.seconds / 4))
+                under_load["probe"] = _probe_vectors(base, args)
+                under_load["greedy"] = _greedy(base)
+
+            probe_thread = threading.Thread(target=beside_both)
+            probe_thread.start()
             beside = _chat_load(base, args)
             poc_beside = (_processed(base) - before) / (time.perf_counter() - started)
+            probe_thread.join()
         finally:
             _stop(base)
     finally:
         stop_all(procs)
-    figures = {"chat_share": args.chat_share, "streams": args.streams, "max_tokens": args.max_tokens,
-               "idle": idle, "beside_round": beside, "poc_alone_nonces_per_s": poc_alone,
+    probe = under_load["probe"]
+    figures = {"chat_share": args.chat_share, "backend_args": args.backend_arg, "streams": args.streams,
+               "max_tokens": args.max_tokens, "idle": idle, "beside_round": beside, "poc_alone_nonces_per_s": poc_alone,
                "poc_beside_chat_nonces_per_s": poc_beside,
                "chat_ratio": beside["tokens_per_s"] / idle["tokens_per_s"], "poc_ratio": poc_beside / poc_alone,
-               "tpot_p99_ratio": beside["tpot_p99_ms"] / idle["tpot_p99_ms"]}
+               "tpot_p99_ratio": beside["tpot_p99_ms"] / idle["tpot_p99_ms"],
+               "probe_identical": sum(a == b for a, b in zip(probe, probe_alone, strict=True)),
+               "probe_max_l2": max(_l2(a, b) for a, b in zip(probe, probe_alone, strict=True)),
+               "probe_sha256": hashlib.sha256("".join(probe_alone).encode()).hexdigest(),
+               "greedy_identical": under_load["greedy"] == greedy_idle}
     for name, f in (("idle", idle), ("during the round", beside)):
         print(f"chat {name}: {f['tokens_per_s']:.1f} tok/s, TTFT p50/p99 {f['ttft_p50_ms']:.1f}/{f['ttft_p99_ms']:.1f}"
               f" ms, TPOT p50/p99 {f['tpot_p50_ms']:.2f}/{f['tpot_p99_ms']:.2f} ms ({f['num_requests']} requests)",
               flush=True)
     print(f"PoC: {poc_alone:.1f} nonces/s alone, {poc_beside:.1f} beside chat", flush=True)
-    print(f"chat-share {args.chat_share}: chat {figures['chat_ratio']:.3f}x idle, PoC {figures['poc_ratio']:.3f}x "
-          f"alone, TPOT p99 {figures['tpot_p99_ratio']:.2f}x idle", flush=True)
+    print(f"chat-share {args.chat_share} {' '.join(args.backend_arg)}: chat {figures['chat_ratio']:.3f}x idle, PoC "
+          f"{figures['poc_ratio']:.3f}x alone, TPOT p99 {figures['tpot_p99_ratio']:.2f}x idle", flush=True)
+    print(f"numerics: a {len(probe)}-nonce job beside chat and the round: {figures['probe_identical']}/{len(probe)} "
+          f"vectors bit-identical to alone (max L2 {figures['probe_max_l2']:.2e}, sha256 of alone "
+          f"{figures['probe_sha256'][:16]}); greedy chat identical: {figures['greedy_identical']}", flush=True)
     return figures
+
+
+def _l2(a: str, b: str) -> float:
+    from poc.artifacts import decode_vector
+    return float(np.linalg.norm(decode_vector(a) - decode_vector(b)))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -204,6 +244,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--streams", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--chat-share", type=float, default=0.5)
+    p.add_argument("--backend-arg", action="append", default=[],
+                   help="one more backend argument for the chat part (repeat: --backend-arg=--poc-overlap "
+                        "--backend-arg=off)")
     p.add_argument("--seconds", type=float, default=15.0, help="each measured stretch")
     p.add_argument("--settle-s", type=float, default=2.0, help="after a round starts, before measuring it")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.2)

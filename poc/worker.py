@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from backend.engine import compat
 from poc import cuda_kernels
 from poc.artifacts import compute_artifacts
 from poc.errors import PocInputError
@@ -112,6 +113,11 @@ class PocWorkerExtension:
     model_runner: Any
     vllm_config: Any
     device: Any
+    # Set by poc_prepare_overlap on CUDA: the low-priority stream launched forwards run on.
+    _poc_stream: Any = None
+    # The launched forward until poc_poll collects it: (last hidden, done event, block hash, public key, nonces,
+    # k_dim).
+    _poc_in_flight: tuple | None = None
 
     def _householder(self, block_hash: str, num_layers: int, hidden_size: int, device) -> torch.Tensor:
         """The round's per-layer vectors, cached: they depend only on the block hash (spec §1.7)."""
@@ -134,16 +140,13 @@ class PocWorkerExtension:
         layers = own_layers(model)
         return layers.start, layers.stop
 
-    @torch.inference_mode()
-    def poc_artifacts(self, block_ids: list[int], block_hash: str, public_key: str, nonces: list[int],
-                      seq_len: int, k_dim: int, stronger_rng: bool) -> list[tuple[int, str]] | None:
-        """One batched causal prefill of the seeded inputs; returns (nonce, vector_b64) for finite rows on the
-        last pipeline stage, None on the others."""
+    def _poc_last_hidden(self, device, block_ids: list[int], block_hash: str, public_key: str,
+                         nonces: list[int], seq_len: int, stronger_rng: bool) -> torch.Tensor | None:
+        """The batched prefill with the round's reflections, queued on the current stream: the last position's
+        hidden state [B, H] on the last pipeline stage, None on the others."""
         from poc import forward  # vLLM imports stay out of the engine-free poc modules
 
         mr, cfg = self.model_runner, self.vllm_config
-        device = torch.device(self.device) if not isinstance(self.device, torch.device) else self.device
-        _sync(device)  # the previous engine step may still be running on this stream
         model = mr.get_model()
         hidden_size = int(cfg.model_config.get_hidden_size())
         dtype = cfg.model_config.dtype
@@ -154,7 +157,76 @@ class PocWorkerExtension:
         # reflect() casts v to the activation dtype anyway; casting once here saves two copies per layer.
         vectors = self._householder(block_hash, len(_decoder_layers(model)), hidden_size, device).to(dtype)
         with reflection_hooks(model, vectors):
-            hidden = forward.pipeline_last_hidden(mr, cfg, model, block_ids, len(nonces), seq_len, x)
+            return forward.pipeline_last_hidden(mr, cfg, model, block_ids, len(nonces), seq_len, x)
+
+    def _device(self) -> torch.device:
+        return torch.device(self.device) if not isinstance(self.device, torch.device) else self.device
+
+    @torch.inference_mode()
+    def poc_artifacts(self, block_ids: list[int], block_hash: str, public_key: str, nonces: list[int],
+                      seq_len: int, k_dim: int, stronger_rng: bool) -> list[tuple[int, str]] | None:
+        """One batched causal prefill of the seeded inputs; returns (nonce, vector_b64) for finite rows on the
+        last pipeline stage, None on the others."""
+        device = self._device()
+        _sync(device)  # the previous engine step may still be running on this stream
+        hidden = self._poc_last_hidden(device, block_ids, block_hash, public_key, nonces, seq_len, stronger_rng)
         if hidden is None:
             return None
         return compute_artifacts(hidden, block_hash, public_key, nonces, k_dim)
+
+    # --- PoC beside chat: the forward queued on a low-priority stream while chat steps go on (backend/engine/poc.py)
+
+    def poc_prepare_overlap(self) -> bool:
+        """Moves this thread's (chat's) work to a stream of the highest priority and makes a lowest-priority
+        stream for PoC forwards, so that the GPU's block scheduler dispatches a chat kernel's blocks before queued
+        PoC blocks. True on CUDA; False elsewhere (a forward then runs when it is launched, as poc_artifacts)."""
+        device = self._device()
+        if device.type != "cuda":
+            return False
+        low, high = torch.cuda.Stream.priority_range()
+        torch.cuda.synchronize(device)  # nothing of chat's may still run on the stream it leaves
+        # vLLM tracks the current stream through torch.cuda.set_stream (vllm.utils.torch_utils.current_stream);
+        # its CUDA graphs replay on whatever stream is current, with that stream's priority.
+        torch.cuda.set_stream(torch.cuda.Stream(device, priority=high))
+        self._poc_stream = torch.cuda.Stream(device, priority=low)
+        return True
+
+    @torch.inference_mode()
+    def poc_launch(self, block_ids: list[int], block_hash: str, public_key: str, nonces: list[int],
+                   seq_len: int, k_dim: int, stronger_rng: bool) -> None:
+        """Queues one forward (poc_artifacts' arguments) and returns without waiting for it; poc_poll collects."""
+        if self._poc_in_flight is not None:
+            raise RuntimeError("a PoC forward is already in flight")
+        device = self._device()
+        stream = self._poc_stream
+        args = (device, block_ids, block_hash, public_key, nonces, seq_len, stronger_rng)
+        done = None
+        if stream is None:
+            _sync(device)
+            hidden = self._poc_last_hidden(*args)
+        else:
+            # The leased KV blocks may have been a finished request's, still written by the chat steps queued so
+            # far (async scheduling runs one step ahead): the forward starts after them.
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream), compat.own_workspace(self):
+                hidden = self._poc_last_hidden(*args)
+                done = torch.cuda.Event()
+                done.record(stream)
+        self._poc_in_flight = (hidden, done, block_hash, public_key, nonces, k_dim)
+
+    @torch.inference_mode()
+    def poc_poll(self, wait: bool) -> tuple[bool, list[tuple[int, str]] | None]:
+        """(False, None) while the launched forward still runs (unless `wait`); then (True, its artifacts), None
+        for the artifacts on all but the last pipeline stage."""
+        in_flight = self._poc_in_flight
+        if in_flight is None:
+            raise RuntimeError("no PoC forward in flight")
+        hidden, done, block_hash, public_key, nonces, k_dim = in_flight
+        if done is not None and not wait and not done.query():
+            return False, None
+        self._poc_in_flight = None
+        if hidden is None:
+            return True, None
+        # On the PoC stream, after its forward: the artifacts' few kernels and their one sync leave chat's alone.
+        with torch.cuda.stream(self._poc_stream):
+            return True, compute_artifacts(hidden, block_hash, public_key, nonces, k_dim)

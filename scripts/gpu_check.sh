@@ -8,6 +8,9 @@
 #   bash scripts/gpu_check.sh bench-moe N Q   # the qwen3-235b-a22b shape at N layers (default 1), Q none|fp8:
 #                                             # PoC vs bare forward, chat vs `vllm serve`, first and second start
 #   bash scripts/gpu_check.sh round           # bench-serving then bench-beside (one call's worth)
+#   bash scripts/gpu_check.sh overlap         # 16 streaming chats beside a round (0.6B): PoC forwards beside chat
+#                                             # steps (--poc-overlap auto) vs time-sliced (off), then the shared-mode
+#                                             # mining tests on the CUDA engine
 #   bash scripts/gpu_check.sh startup         # first (cold caches) and second start of the backend, 0.6B and
 #                                             # tiny-moe, with each start's phases (bench/startup.py)
 #   bash scripts/gpu_check.sh poc-parts N Q   # the qwen3-235b-a22b shape at N layers, Q none|fp8: PoC vs bare at
@@ -75,6 +78,19 @@ case "${1:-tests}" in
   bench-serving) bench_serving ;;
   bench-beside) bench_beside ;;
   round) bench_serving; bench_beside ;;
+  overlap)
+    for mode in ${MODES:-auto off}; do
+      python3 -m bench.beside_mining --part chat --shape qwen3-0.6b --seq-len 1024 --batch-size 32 --streams 16 \
+        --max-tokens 128 --seconds 15 --chat-share 0.5 --gpu-memory-utilization 0.5 \
+        --backend-arg=--poc-overlap --backend-arg="$mode" --json "$out/overlap-$mode.json" 2>&1 | quiet | tail -9 \
+        | tee -a "$out/overlap.txt"
+      grep -hE "engine_ready|poc_batch_failed|Error" /tmp/pocserve-bench-beside/backend-shared.log | tail -5 \
+        > "$out/overlap-$mode-backend.txt" || true
+    done
+    python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/integration/test_pow_mining.py \
+      -k "overlapped or shared_round or shared_mode_serves" -s --junitxml "$out/overlap-tests.xml" 2>&1 | quiet \
+      | tail -15 | tee "$out/overlap-tests.txt"
+    ;;
   startup)  # startup [SHAPE...] (default: qwen3-0.6b tiny-moe)
     shift; shapes=("$@"); [ ${#shapes[@]} -eq 0 ] && shapes=(qwen3-0.6b tiny-moe)
     python3 -X importtime -c "import backend.engine.adapter, backend.processor.build" 2> "$out/importtime.txt"

@@ -57,6 +57,7 @@ class Engine:
             self.num_gpu_blocks = int(self.vllm_config.cache_config.num_gpu_blocks or 0)
             step_tokens = int(self.vllm_config.scheduler_config.max_num_batched_tokens)
             self.poc = PocRunner(self.core, settings.max_num_seqs, min(settings.poc_max_batch_tokens, step_tokens))
+            self.poc.overlaps = self._prepare_overlap(settings)
         except BaseException:
             self.core.shutdown()  # the workers are processes of their own under TP/PP
             raise
@@ -65,8 +66,17 @@ class Engine:
         log.info("engine_ready", model=str(settings.model), vllm_version=vllm.__version__,
                  block_size=compat.block_size(self.core), tensor_parallel_size=settings.tensor_parallel_size,
                  pipeline_parallel_size=settings.pipeline_parallel_size, poc_layer_ranges=self.poc.layer_ranges,
+                 poc_overlap=self.poc.overlaps,
                  torch_threads=torch.get_num_threads(), elapsed_s=round(time.monotonic() - started, 1),
                  uptime_s=process_uptime_s())
+
+    def _prepare_overlap(self, settings: BackendSettings) -> bool:
+        """Whether PoC forwards run beside chat steps (--poc-overlap); sets up the worker's streams if so."""
+        one_rank = settings.tensor_parallel_size * settings.pipeline_parallel_size == 1
+        if settings.poc_overlap == "off" or not one_rank:
+            return False
+        has_streams = bool(self.core.collective_rpc("poc_prepare_overlap")[0])
+        return has_streams or settings.poc_overlap == "on"
 
     def fingerprint(self) -> Fingerprint:
         cfg = self.vllm_config

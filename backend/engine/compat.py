@@ -7,7 +7,8 @@ in PRIVATE_SYMBOLS and pinned by tests/unit/test_engine_compat.py.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from importlib import metadata
 from typing import NoReturn
 
@@ -69,6 +70,8 @@ PRIVATE_SYMBOLS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("vllm.v1.metrics.stats", "IterationStats", ("num_generation_tokens", "prompt_token_stats",
                                                   "finished_requests")),
     ("vllm.v1.metrics.stats", "PromptTokenStats", ("computed",)),
+    ("vllm.v1.worker.workspace", "WorkspaceManager", ("_device", "_num_ubatches")),
+    ("vllm.v1.worker.workspace", "_manager", ()),
 )
 
 
@@ -148,6 +151,28 @@ def kernel_block_size(model_runner, group_id: int) -> int:
         raise RuntimeError(f"{type(model_runner).__name__} exposes no kernel block sizes (unsupported vLLM version)")
     return int(sizes[group_id])
 
+
+
+@contextmanager
+def own_workspace(holder) -> Iterator[None]:
+    """vLLM's kernel workspace (fused MoE's scratch buffer, one module-level manager) swapped for one of
+    `holder`'s own while the block runs, so that kernels queued now on another stream never share scratch memory
+    with the chat step in flight. The manager is made on first use and kept in `holder._poc_workspace`; it grows
+    as its kernels ask (vLLM locks only its own after warm-up)."""
+    from vllm.v1.worker import workspace
+
+    chat = workspace._manager
+    if chat is None:  # no kernel of this model uses it
+        yield
+        return
+    mine = getattr(holder, "_poc_workspace", None)
+    if mine is None:
+        mine = holder._poc_workspace = workspace.WorkspaceManager(chat._device, chat._num_ubatches)
+    workspace._manager = mine
+    try:
+        yield
+    finally:
+        workspace._manager = chat
 
 
 def serve_parser(prog: str, description: str, on_error: Callable[[str], NoReturn]):

@@ -39,6 +39,10 @@ class PocRunner:
         self.num_nonces = 0
         self._held: list = []  # KVCacheBlocks leased for PoC forwards, kept between them (see release)
         self._held_ids: list[int] = []
+        # Nonces of the forward launched beside chat and not yet collected (None: none in flight).
+        self._in_flight: int | None = None
+        # Whether launched forwards run beside chat's steps (a stream of their own); set by the engine at start.
+        self.overlaps = False
 
     def check(self, job: ArtifactJob) -> None:
         """Raises PocInputError naming the field for a job this engine cannot run."""
@@ -68,14 +72,8 @@ class PocRunner:
 
         Returns (artifacts, number of nonces run): the run ones are a prefix of `nonces`; NaN rows are
         missing from the artifacts (spec §1.9) but still count as run."""
+        nonces, block_ids = self._lease_for(job, nonces)
         spec = job.spec
-        per_seq = self.blocks_per_seq(spec.seq_len)
-        available = self._pool.get_num_free_blocks() + len(self._held)
-        fits = available // per_seq
-        if fits == 0:
-            raise NoFreeBlocks(f"{per_seq} blocks needed, {available} free")
-        nonces = nonces[:fits]
-        block_ids = self._lease(len(nonces) * per_seq)
         try:
             # vLLM's own bound on a model step: a rank that never answers (a worker node gone) fails the engine,
             # which exits for its supervisor, instead of hanging the engine thread.
@@ -90,6 +88,55 @@ class PocRunner:
         self.num_nonces += len(nonces)
         return [(int(n), str(v)) for n, v in result], len(nonces)
 
+    def launch(self, job: ArtifactJob, nonces: list[int]) -> int:
+        """Queues one forward over a prefix of `nonces` (as `run`) beside chat's steps and returns how many it
+        took; `poll` collects it. Its blocks stay leased until then, whatever `release` is asked."""
+        assert self._in_flight is None, "one PoC forward in flight at a time"
+        nonces, block_ids = self._lease_for(job, nonces)
+        spec = job.spec
+        try:
+            self._core.collective_rpc(
+                "poc_launch", timeout=vllm_envs.VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS,
+                args=(block_ids, spec.block_hash, spec.public_key, list(nonces), spec.seq_len, spec.k_dim,
+                      spec.stronger_rng))
+        except BaseException:
+            self.release()
+            raise
+        self._in_flight = len(nonces)
+        return len(nonces)
+
+    def poll(self, wait: bool = False) -> list[tuple[int, str]] | None:
+        """The launched forward's artifacts once it has finished (blocking if `wait`), None before."""
+        assert self._in_flight is not None, "no PoC forward in flight"
+        try:
+            results = self._core.collective_rpc("poc_poll", timeout=vllm_envs.VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS,
+                                                args=(wait,))
+        except BaseException:
+            self._in_flight = None
+            self.release()
+            raise
+        if not all(finished for finished, _ in results):
+            return None
+        num = self._in_flight
+        self._in_flight = None
+        self.num_nonces += num
+        artifacts = next(a for _, a in results if a is not None)
+        return [(int(n), str(v)) for n, v in artifacts]
+
+    @property
+    def is_in_flight(self) -> bool:
+        return self._in_flight is not None
+
+    def _lease_for(self, job: ArtifactJob, nonces: list[int]) -> tuple[list[int], list[int]]:
+        """(the prefix of `nonces` the free blocks allow, its leased block ids); NoFreeBlocks if none fits."""
+        per_seq = self.blocks_per_seq(job.spec.seq_len)
+        available = self._pool.get_num_free_blocks() + len(self._held)
+        fits = available // per_seq
+        if fits == 0:
+            raise NoFreeBlocks(f"{per_seq} blocks needed, {available} free")
+        nonces = nonces[:fits]
+        return nonces, self._lease(len(nonces) * per_seq)
+
     def _lease(self, num_blocks: int) -> list[int]:
         """Ids of `num_blocks` leased blocks: the held ones when there are enough, else a fresh lease. A forward's
         KV writes land after the previous forward has finished (its artifacts were read), so reuse is safe."""
@@ -101,8 +148,9 @@ class PocRunner:
         return self._held_ids[:num_blocks]
 
     def release(self) -> None:
-        """Returns the held blocks to vLLM's pool (the scheduler must see them before it schedules a step)."""
-        if self._held:
+        """Returns the held blocks to vLLM's pool (the scheduler must see them before it schedules a step); not
+        while a launched forward may still write them."""
+        if self._held and self._in_flight is None:
             self._pool.free_blocks(self._held)
             self._held, self._held_ids = [], []
 

@@ -7,7 +7,8 @@ one forward each, so a small job never waits for a large one. While jobs wait, t
 every MINING_EVERY, so a stream of jobs slows mining but never stops it (jobs keep 7/8 of the device, mining 1/8).
 
 `run_batch(limit)` runs one forward of at most `limit` nonces (the policy's size for it when chat shares the device)
-and records its duration, so the policy can size the next one.
+and records its duration, so the policy can size the next one. Where the runner overlaps forwards with chat's
+steps, `launch_batch()` queues a whole forward and `poll_batch()` finishes it, one in flight at a time.
 """
 
 from __future__ import annotations
@@ -59,8 +60,10 @@ class ArtifactQueue:
         self.is_blocked = False
         # One observation (tokens = nonces × seq_len) per forward: PoC work moves vllm:iteration_tokens_total too.
         self.iterations = IterationHistogram()
-        # What forwards cost, learned from the ones that ran.
+        # What forwards cost, learned from the ones that ran alone (the time-sliced policy sizes them by it).
         self.costs = CostModel()
+        # (from the job lane, task, nonces) of the forward launched beside chat, until it is polled back.
+        self._in_flight: tuple[bool, ArtifactTask, int] | None = None
 
     def __len__(self) -> int:
         return len(self._jobs) + len(self._mining)
@@ -105,38 +108,93 @@ class ArtifactQueue:
 
     def run_batch(self, limit: int | None = None) -> None:
         """One forward of the next task: at most `limit` nonces (None: as many as a forward takes)."""
-        lane = self._next_lane()
-        task = lane[0]
-        seq_len = task.job.spec.seq_len
-        size = self._runner.max_batch(seq_len) if limit is None else max(1, min(limit, self._runner.max_batch(seq_len)))
-        batch = task.remaining[:size]
+        is_job, task, batch = self._take(limit)
         started = self._clock()
         try:
             artifacts, num_run = self._runner.run(task.job, batch)
         except NoFreeBlocks as e:
-            # Running requests hold the KV cache: let engine steps finish some before trying again.
-            self.is_blocked = True
-            log.debug("poc_batch_waits_for_blocks", reason=str(e))
+            self._wait_for_blocks(e)
             return
         except Exception as e:  # one job failed in the worker; the engine may still be fine
-            log.exception("poc_batch_failed", num_nonces=len(batch))
+            self._failed(is_job, task, len(batch), e)
+            return
+        self.costs.observe(task.job.spec.seq_len, num_run, self._clock() - started)
+        self._finish(is_job, task, artifacts, num_run)
+
+    # --- forwards beside chat (the runner overlaps them with engine steps): launch one, poll it, launch the next
+
+    @property
+    def is_in_flight(self) -> bool:
+        return self._in_flight is not None
+
+    def launch_batch(self) -> None:
+        """Queues a whole forward of the next task beside chat's steps; `poll_batch` finishes it."""
+        assert self._in_flight is None, "one forward in flight at a time"
+        is_job, task, batch = self._take(None)
+        try:
+            num_run = self._runner.launch(task.job, batch)
+        except NoFreeBlocks as e:
+            self._wait_for_blocks(e)
+            return
+        except Exception as e:
+            self._failed(is_job, task, len(batch), e)
+            return
+        self._in_flight = (is_job, task, num_run)
+
+    def poll_batch(self, wait: bool = False) -> None:
+        """Finishes the launched forward if it is done (or once it is, with `wait`)."""
+        assert self._in_flight is not None, "no forward in flight"
+        is_job, task, num_run = self._in_flight
+        try:
+            artifacts = self._runner.poll(wait)
+        except Exception as e:
+            self._in_flight = None
+            self._failed(is_job, task, num_run, e)
+            return
+        if artifacts is None:
+            return
+        self._in_flight = None
+        self._finish(is_job, task, artifacts, num_run)
+
+    def _take(self, limit: int | None) -> tuple[bool, ArtifactTask, list[int]]:
+        """(from the job lane, the next task, the nonces of its next forward: at most `limit`)."""
+        lane = self._next_lane()
+        task = lane[0]
+        most = self._runner.max_batch(task.job.spec.seq_len)
+        size = most if limit is None else max(1, min(limit, most))
+        return lane is self._jobs, task, task.remaining[:size]
+
+    def _queued(self, is_job: bool, task: ArtifactTask) -> deque[ArtifactTask] | None:
+        """The task's lane if the task still heads it (a /stop may have dropped it while its forward ran)."""
+        lane = self._jobs if is_job else self._mining
+        return lane if lane and lane[0] is task else None
+
+    def _wait_for_blocks(self, e: NoFreeBlocks) -> None:
+        # Running requests hold the KV cache: let engine steps finish some before trying again.
+        self.is_blocked = True
+        log.debug("poc_batch_waits_for_blocks", reason=str(e))
+
+    def _failed(self, is_job: bool, task: ArtifactTask, num_nonces: int, e: Exception) -> None:
+        log.exception("poc_batch_failed", num_nonces=num_nonces)  # called in the except block
+        lane = self._queued(is_job, task)
+        if lane is not None:
             lane.popleft()
             task.done([], RequestFailed(f"PoC forward failed: {e}").info())
-            return
-        self._measured(seq_len, num_run, self._clock() - started)
+
+    def _finish(self, is_job: bool, task: ArtifactTask, artifacts: list[tuple[int, str]], num_run: int) -> None:
+        self.iterations.observe(num_run * task.job.spec.seq_len)
         self.is_blocked = False
-        self._num_job_forwards = self._num_job_forwards + 1 if lane is self._jobs else 0
+        lane = self._queued(is_job, task)
+        if lane is None:
+            return
+        self._num_job_forwards = self._num_job_forwards + 1 if is_job else 0
         task.artifacts.extend(Artifact(nonce=n, vector_b64=v) for n, v in artifacts)
         del task.remaining[:num_run]
         if not task.remaining:
             lane.popleft()
             task.done(task.artifacts, None)
-        elif lane is self._jobs:
+        elif is_job:
             lane.rotate(-1)  # round-robin: the next job's turn
-
-    def _measured(self, seq_len: int, num_run: int, elapsed_s: float) -> None:
-        self.iterations.observe(num_run * seq_len)
-        self.costs.observe(seq_len, num_run, elapsed_s)
 
     def unblock(self) -> None:
         """An engine step ran: blocks may have been freed."""

@@ -106,6 +106,17 @@ class PowService:
     def run_batch(self, limit: int | None = None) -> None:
         self.artifacts.run_batch(limit)
 
+    @property
+    def is_in_flight(self) -> bool:
+        """A forward launched beside chat has not been polled back yet."""
+        return self.artifacts.is_in_flight
+
+    def launch_batch(self) -> None:
+        self.artifacts.launch_batch()
+
+    def poll_batch(self, wait: bool = False) -> None:
+        self.artifacts.poll_batch(wait)
+
     def next_forward(self) -> tuple[Cost | None, int]:
         """The learned cost of the forward run_batch would run next, and the most sequences it can take."""
         return self.artifacts.next_forward()

@@ -202,6 +202,35 @@ def test_shared_round_under_chat_load_gives_the_artifacts_computed_alone(pow_url
     assert max(l2(mined[n], v) for n, v in alone.items()) < 0.02
 
 
+@pytest.fixture(scope="module")
+def overlapped(model_dir, tmp_path_factory):
+    """Forwards launched beside chat steps (--poc-overlap on): on this CPU engine each one runs when launched, so
+    this checks the launch/poll path (blocks, queue, routing), not the overlap itself (a CUDA stream)."""
+    server = Server.start(model_dir, tmp_path_factory.mktemp("pow-overlapped"), "--scheduling-mode", "shared",
+                          "--poc-overlap", "on", "--callback-interval-s", "0.5")
+    yield server
+    server.stop()
+
+
+def test_overlapped_round_under_chat_load_gives_the_artifacts_computed_alone(overlapped, receiver):
+    pow_url = overlapped.pow
+    identity = node(block_hash="OVERLAP_LOAD", block_height=778)
+    before = len(receiver.bodies("generated"))
+    with chat_holding_poc(overlapped.base_url):  # running the whole time, or this fails
+        try:
+            assert init(pow_url, **identity, url=receiver.url).status_code == 200
+            wait_until(lambda: sum(len(b["artifacts"]) for b in receiver.bodies("generated")[before:]) >= 16,
+                       what="16 artifacts mined beside the chat")
+            job = artifacts_of(pow_url, [10**6 + i for i in range(8)], block_hash="OVERLAP_LOAD")  # beside both
+        finally:
+            stop(pow_url)
+    mined = {a["nonce"]: a["vector_b64"] for b in receiver.bodies("generated")[before:] for a in b["artifacts"]}
+    computed = {**mined, **job}
+    alone = artifacts_of(pow_url, sorted(computed), block_hash="OVERLAP_LOAD")
+    assert sorted(alone) == sorted(computed)
+    assert max(l2(computed[n], alone[n]) for n in computed) < 0.02
+
+
 def test_queued_validation_delivers_the_exact_validated_callback(pow_url, receiver):
     nonces = [0, 1, 2, 3]
     honest = artifacts_of(pow_url, nonces)

@@ -146,3 +146,94 @@ def test_artifact_queue_discard_drops_the_rounds_batches_only():
     queue.submit(job)
     assert queue.discard(lambda t: t.tag == MINING) == 1
     assert len(queue) == 1 and queue.num_jobs == 1 and not mining_done.calls
+
+
+# --- forwards beside chat: launch_batch queues one, poll_batch finishes it
+
+
+class LaunchingRunner(FakeRunner):
+    """A runner whose forwards run beside chat: launch returns at once, poll answers once `finished` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.launched: tuple[str, list[int]] | None = None
+        self.finished = False
+
+    def launch(self, job: ArtifactJob, nonces: list[int]) -> int:
+        if self.blocked:
+            raise NoFreeBlocks("all blocks in use")
+        assert self.launched is None
+        self.launched = (job.spec.block_hash, nonces)
+        return len(nonces)
+
+    def poll(self, wait: bool = False):
+        assert self.launched is not None
+        if not (self.finished or wait):
+            return None
+        name, nonces = self.launched
+        self.launched, self.finished = None, False
+        if name == self.fail_for:
+            raise RuntimeError("worker failed")
+        self.forwards.append((name, len(nonces)))
+        return [(n, f"v{n}") for n in nonces]
+
+
+def test_artifact_queue_launched_forward_finishes_its_task_when_polled_done():
+    runner = LaunchingRunner()
+    queue = ArtifactQueue(runner)
+    job, done = _task("validation", 6)
+    queue.submit(job)
+    queue.launch_batch()
+    assert queue.is_in_flight and runner.launched == ("validation", [0, 1, 2, 3])
+    queue.poll_batch()
+    assert queue.is_in_flight and not done.calls  # still running
+    runner.finished = True
+    queue.poll_batch()
+    assert not queue.is_in_flight and job.remaining == [4, 5] and not done.calls
+    queue.launch_batch()
+    queue.poll_batch(wait=True)
+    assert [(a.nonce, a.vector_b64) for a in done.calls[0][0]] == [(n, f"v{n}") for n in range(6)]
+    assert done.calls[0][1] is None and len(queue) == 0
+    assert queue.iterations.count == 2 and queue.costs.cost(8) is None  # beside chat: no cost learned
+
+
+def test_artifact_queue_forward_of_a_task_stopped_in_flight_is_dropped():
+    runner = LaunchingRunner()
+    queue = ArtifactQueue(runner)
+    mining, done = _task("round", 4, MINING)
+    queue.submit(mining)
+    queue.launch_batch()
+    assert queue.discard(lambda task: task.tag == MINING) == 1  # /stop while the forward runs
+    queue.poll_batch(wait=True)
+    assert not queue.is_in_flight and not done.calls and len(queue) == 0
+
+
+def test_artifact_queue_failed_launched_forward_fails_its_task_only():
+    runner = LaunchingRunner()
+    queue = ArtifactQueue(runner)
+    bad, bad_done = _task("bad", 4)
+    good, good_done = _task("good", 4)
+    queue.submit(bad)
+    queue.submit(good)
+    runner.fail_for = "bad"
+    queue.launch_batch()
+    queue.poll_batch(wait=True)
+    assert bad_done.calls[0][0] == [] and "PoC forward failed" in bad_done.calls[0][1].message
+    queue.launch_batch()
+    queue.poll_batch(wait=True)
+    assert good_done.calls[0][1] is None and len(queue) == 0
+
+
+def test_artifact_queue_launch_without_free_blocks_waits_for_a_step():
+    runner = LaunchingRunner()
+    queue = ArtifactQueue(runner)
+    job, done = _task("validation", 4)
+    queue.submit(job)
+    runner.blocked = True
+    queue.launch_batch()
+    assert queue.is_blocked and not queue.is_in_flight and len(queue) == 1
+    queue.unblock()
+    runner.blocked = False
+    queue.launch_batch()
+    queue.poll_batch(wait=True)
+    assert done.calls[0][1] is None and not queue.is_blocked

@@ -25,12 +25,25 @@ class FakeCore:
                                            model_config=SimpleNamespace(max_model_len=4096))
         self.forwards: list[list[int]] = []
         self.fail = False
+        self.launched: list[int] | None = None  # nonces of the forward a poc_launch queued
+        self.finished = False
 
     def collective_rpc(self, method: str, timeout=None, args=()):
         if method == "poc_hidden_size":
             return [64]
         if method == "poc_layer_range":
             return [(0, 2)]
+        if method == "poc_launch":
+            self.forwards.append(list(args[0]))
+            self.launched = list(args[3])
+            return [None]
+        if method == "poc_poll":
+            if self.fail:
+                raise RuntimeError("worker failed")
+            if not (self.finished or args[0]):
+                return [(False, None)]
+            nonces, self.launched = self.launched, None
+            return [(True, [(n, f"v{n}") for n in nonces])]
         assert method == "poc_artifacts"
         if self.fail:
             raise RuntimeError("worker failed")
@@ -82,3 +95,28 @@ def test_a_failed_forward_returns_its_blocks():
     with pytest.raises(RuntimeError):
         runner.run(job(4), list(range(4)))
     assert core.pool.get_num_free_blocks() == free and runner.num_held_blocks == 0
+
+
+def test_a_launched_forward_keeps_its_blocks_until_polled_back():
+    core = FakeCore(num_blocks=65)
+    runner = PocRunner(core, max_num_seqs=8, max_batch_tokens=8 * SEQ_LEN)
+    free = core.pool.get_num_free_blocks()
+    assert runner.launch(job(8), list(range(8))) == 8 and runner.is_in_flight
+    runner.release()  # an engine step beside the forward: its blocks stay leased
+    assert core.pool.get_num_free_blocks() == free - 32
+    assert runner.poll() is None and runner.is_in_flight
+    core.finished = True
+    assert runner.poll() == [(n, f"v{n}") for n in range(8)] and not runner.is_in_flight
+    assert runner.num_nonces == 8
+    runner.release()
+    assert core.pool.get_num_free_blocks() == free
+
+
+def test_a_launch_takes_what_the_free_blocks_allow_and_a_failed_poll_returns_them():
+    core = FakeCore(num_blocks=17)  # 16 usable: 4 sequences
+    runner = PocRunner(core, max_num_seqs=8, max_batch_tokens=8 * SEQ_LEN)
+    assert runner.launch(job(8), list(range(8))) == 4 and core.launched == [0, 1, 2, 3]
+    core.fail = True
+    with pytest.raises(RuntimeError):
+        runner.poll(wait=True)
+    assert not runner.is_in_flight and runner.num_held_blocks == 0 and core.pool.get_num_free_blocks() == 16

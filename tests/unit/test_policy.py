@@ -166,3 +166,42 @@ def test_share_credit_is_capped_and_debt_repaid():
 def test_share_refuses_a_share_outside_0_1():
     with pytest.raises(ValueError):
         ChatShare(1.5)
+
+
+# --- forwards beside chat (choose_overlapped): the device's stream priorities share it, the share's ends decide
+
+S = Snapshot
+OVERLAPPED = [
+    (S(has_engine_work=True), (False, True), "chat only: step"),
+    (S(has_engine_work=False), (False, False), "nothing to run"),
+    (S(has_engine_work=False, has_poc_work=True), (True, False), "chat idle: launch a forward"),
+    (S(has_engine_work=True, has_poc_work=True), (True, True), "both: launch a forward and step beside it"),
+    (S(has_engine_work=True, has_poc_work=True, is_poc_in_flight=True), (False, True),
+     "a forward runs: chat steps beside it, the next waits for it"),
+    (S(has_engine_work=False, has_poc_work=True, is_poc_in_flight=True), (False, False),
+     "a forward runs and chat is idle: wait for it"),
+    (S(has_engine_work=True, has_poc_work=True, chat_share=1.0), (False, True),
+     "share 1: no forward starts while chat has work"),
+    (S(has_engine_work=False, is_chat_preparing=True, has_poc_work=True, chat_share=1.0), (False, False),
+     "share 1: nor while a request is being tokenized"),
+    (S(has_engine_work=True, has_poc_work=True, is_poc_in_flight=True, chat_share=1.0), (False, True),
+     "share 1: a forward started while chat was idle runs on beside the chat that came"),
+    (S(has_engine_work=True, has_poc_work=True, chat_share=0.0), (True, False),
+     "share 0: chat waits while PoC has work"),
+    (S(has_engine_work=True, is_poc_in_flight=True, chat_share=0.0), (False, False),
+     "share 0: chat waits for the forward in flight"),
+    (S(has_engine_work=True, has_poc_work=True, is_poc_blocked=True), (False, True),
+     "PoC found no free KV blocks: chat steps to free some, no launch"),
+    (S(has_engine_work=True, has_poc_work=True, is_poc_blocked=True, chat_share=0.0), (False, True),
+     "share 0 but PoC is blocked on blocks chat holds: chat steps"),
+    (S(has_engine_work=False, has_poc_work=True, is_poc_blocked=True, is_chat_gated=True), (True, False),
+     "blocked but nothing else runs: retry the launch"),
+    (S(has_engine_work=True, has_poc_work=True, is_chat_gated=True, chat_share=1.0), (True, True),
+     "chat gated (requests draining): the share does not hold PoC back"),
+]
+
+
+@pytest.mark.parametrize("snapshot,expected,why", OVERLAPPED, ids=[row[2] for row in OVERLAPPED])
+def test_policy_choose_overlapped_follows_decision_table(snapshot, expected, why):
+    work = policy.choose_overlapped(snapshot)
+    assert (work.launch_poc, work.step_chat) == expected, why

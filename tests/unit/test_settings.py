@@ -106,6 +106,8 @@ def test_settings_frontend_id_defaults_to_host_pid():
     (backend_settings, ["--chat-share", "1.5"], {}, ["--chat-share", "POCSERVE_CHAT_SHARE"]),
     (backend_settings, [], {"POCSERVE_CHAT_SHARE": "-0.1"}, ["--chat-share"]),
     (backend_settings, [], {"POCSERVE_CHAT_SHARE": "nan"}, ["--chat-share"]),
+    (backend_settings, ["--poc-overlap", "on", "--tensor-parallel-size", "2"], {}, ["--poc-overlap", "one rank"]),
+    (backend_settings, [], {"POCSERVE_POC_OVERLAP": "sometimes"}, ["--poc-overlap", "POCSERVE_POC_OVERLAP"]),
     (backend_settings, ["--nnodes", "0"], {}, ["--nnodes"]),
     (backend_settings, ["--nnodes", "2", "--node-rank", "2"], {}, ["--node-rank", "POCSERVE_NODE_RANK", "[0, 2)"]),
     (backend_settings, [], {"POCSERVE_NODE_RANK": "-1"}, ["--node-rank"]),
