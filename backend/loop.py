@@ -77,8 +77,10 @@ class BackendLoop:
         work = policy.choose_overlapped(self.snapshot())
         if work.launch_poc:
             started = time.perf_counter()
-            self.pow.launch_batch()
-            log.debug("poc_launched", host_ms=round((time.perf_counter() - started) * 1000, 2))
+            is_chat_running = self.chat.has_work() or self.chat.is_preparing()
+            self.pow.launch_batch(is_chat_running)
+            log.debug("poc_launched", beside_chat=is_chat_running,
+                      host_ms=round((time.perf_counter() - started) * 1000, 2))
         if work.step_chat:
             self.chat.route(self.engine.step())
             self.num_steps += 1

@@ -113,10 +113,10 @@ class PocWorkerExtension:
     model_runner: Any
     vllm_config: Any
     device: Any
-    # Set by poc_prepare_overlap on CUDA: the low-priority stream launched forwards run on.
-    _poc_stream: Any = None
-    # The launched forward until poc_poll collects it: (last hidden, done event, block hash, public key, nonces,
-    # k_dim).
+    # Set by poc_prepare_overlap on CUDA: the streams launched forwards run on (poc/streams.py).
+    _poc_streams: Any = None
+    # The launched forward until poc_poll collects it: (last hidden, done event, its stream, block hash, public
+    # key, nonces, k_dim).
     _poc_in_flight: tuple | None = None
 
     def _householder(self, block_hash: str, num_layers: int, hidden_size: int, device) -> torch.Tensor:
@@ -176,43 +176,42 @@ class PocWorkerExtension:
 
     # --- PoC beside chat: the forward queued on a low-priority stream while chat steps go on (backend/engine/poc.py)
 
-    def poc_prepare_overlap(self) -> bool:
-        """Moves this thread's (chat's) work to a stream of the highest priority and makes a lowest-priority
-        stream for PoC forwards, so that the GPU's block scheduler dispatches a chat kernel's blocks before queued
-        PoC blocks. True on CUDA; False elsewhere (a forward then runs when it is launched, as poc_artifacts)."""
+    def poc_prepare_overlap(self, chat_share: float) -> dict | None:
+        """Sets up the streams of forwards launched beside chat (poc/streams.py) and says what it made; None off
+        CUDA (a forward then runs when it is launched, as poc_artifacts)."""
         device = self._device()
         if device.type != "cuda":
-            return False
-        low, high = torch.cuda.Stream.priority_range()
-        torch.cuda.synchronize(device)  # nothing of chat's may still run on the stream it leaves
-        # vLLM tracks the current stream through torch.cuda.set_stream (vllm.utils.torch_utils.current_stream);
-        # its CUDA graphs replay on whatever stream is current, with that stream's priority.
-        torch.cuda.set_stream(torch.cuda.Stream(device, priority=high))
-        self._poc_stream = torch.cuda.Stream(device, priority=low)
-        return True
+            return None
+        from poc import streams
+
+        self._poc_streams = streams.prepare(device, chat_share)
+        return self._poc_streams.description
 
     @torch.inference_mode()
     def poc_launch(self, block_ids: list[int], block_hash: str, public_key: str, nonces: list[int],
-                   seq_len: int, k_dim: int, stronger_rng: bool) -> None:
-        """Queues one forward (poc_artifacts' arguments) and returns without waiting for it; poc_poll collects."""
+                   seq_len: int, k_dim: int, stronger_rng: bool, is_chat_running: bool) -> None:
+        """Queues one forward (poc_artifacts' arguments) and returns without waiting for it; poc_poll collects.
+        Beside running chat it takes only PoC's share of the SMs."""
         if self._poc_in_flight is not None:
             raise RuntimeError("a PoC forward is already in flight")
+        from poc import streams
+
         device = self._device()
-        stream = self._poc_stream
         args = (device, block_ids, block_hash, public_key, nonces, seq_len, stronger_rng)
-        done = None
-        if stream is None:
+        stream, done = None, None
+        if self._poc_streams is None:
             _sync(device)
             hidden = self._poc_last_hidden(*args)
         else:
+            stream, carveout = self._poc_streams.for_launch(is_chat_running)
             # The leased KV blocks may have been a finished request's, still written by the chat steps queued so
             # far (async scheduling runs one step ahead): the forward starts after them.
             stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream), compat.own_workspace(self):
+            with torch.cuda.stream(stream), compat.own_workspace(self), streams.cublas_carveout(carveout):
                 hidden = self._poc_last_hidden(*args)
                 done = torch.cuda.Event()
                 done.record(stream)
-        self._poc_in_flight = (hidden, done, block_hash, public_key, nonces, k_dim)
+        self._poc_in_flight = (hidden, done, stream, block_hash, public_key, nonces, k_dim)
 
     @torch.inference_mode()
     def poc_poll(self, wait: bool) -> tuple[bool, list[tuple[int, str]] | None]:
@@ -221,12 +220,12 @@ class PocWorkerExtension:
         in_flight = self._poc_in_flight
         if in_flight is None:
             raise RuntimeError("no PoC forward in flight")
-        hidden, done, block_hash, public_key, nonces, k_dim = in_flight
+        hidden, done, stream, block_hash, public_key, nonces, k_dim = in_flight
         if done is not None and not wait and not done.query():
             return False, None
         self._poc_in_flight = None
         if hidden is None:
             return True, None
-        # On the PoC stream, after its forward: the artifacts' few kernels and their one sync leave chat's alone.
-        with torch.cuda.stream(self._poc_stream):
+        # On the forward's stream, after it: the artifacts' few kernels and their one sync leave chat's alone.
+        with torch.cuda.stream(stream):
             return True, compute_artifacts(hidden, block_hash, public_key, nonces, k_dim)

@@ -9,8 +9,9 @@
 #                                             # PoC vs bare forward, chat vs `vllm serve`, first and second start
 #   bash scripts/gpu_check.sh round           # bench-serving then bench-beside (one call's worth)
 #   bash scripts/gpu_check.sh overlap         # 16 streaming chats beside a round (0.6B): PoC forwards beside chat
-#                                             # steps (--poc-overlap auto) vs time-sliced (off), then the shared-mode
-#                                             # mining tests on the CUDA engine
+#                                             # steps (--poc-overlap auto) vs time-sliced (off) at chat shares
+#                                             # (RUNS="auto:0.5 auto:0.25 off:0.5"), then the shared-mode mining
+#                                             # tests on the CUDA engine (TESTS=0 skips them)
 #   bash scripts/gpu_check.sh startup         # first (cold caches) and second start of the backend, 0.6B and
 #                                             # tiny-moe, with each start's phases (bench/startup.py)
 #   bash scripts/gpu_check.sh poc-parts N Q   # the qwen3-235b-a22b shape at N layers, Q none|fp8: PoC vs bare at
@@ -78,18 +79,21 @@ case "${1:-tests}" in
   bench-serving) bench_serving ;;
   bench-beside) bench_beside ;;
   round) bench_serving; bench_beside ;;
-  overlap)
-    for mode in ${MODES:-auto off}; do
+  overlap)  # RUNS="MODE:SHARE ..." (default: auto:0.5 off:0.5); TESTS=0 skips the tests
+    for run in ${RUNS:-auto:0.5 off:0.5}; do
+      mode=${run%%:*}; share=${run#*:}
       python3 -m bench.beside_mining --part chat --shape qwen3-0.6b --seq-len 1024 --batch-size 32 --streams 16 \
-        --max-tokens 128 --seconds 15 --chat-share 0.5 --gpu-memory-utilization 0.5 \
-        --backend-arg=--poc-overlap --backend-arg="$mode" --json "$out/overlap-$mode.json" 2>&1 | quiet | tail -9 \
-        | tee -a "$out/overlap.txt"
-      grep -hE "engine_ready|poc_batch_failed|Error" /tmp/pocserve-bench-beside/backend-shared.log | tail -5 \
-        > "$out/overlap-$mode-backend.txt" || true
+        --max-tokens 128 --seconds 15 --chat-share "$share" --gpu-memory-utilization 0.5 \
+        --backend-arg=--poc-overlap --backend-arg="$mode" --json "$out/overlap-$mode-$share.json" 2>&1 | quiet \
+        | tail -9 | tee -a "$out/overlap.txt"
+      grep -hE "engine_ready|poc_streams|poc_batch_failed|Error" /tmp/pocserve-bench-beside/backend-shared.log \
+        | tail -5 | cut -c1-600 > "$out/overlap-$mode-$share-backend.txt" || true
     done
-    python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/integration/test_pow_mining.py \
-      -k "overlapped or shared_round or shared_mode_serves" -s --junitxml "$out/overlap-tests.xml" 2>&1 | quiet \
-      | tail -15 | tee "$out/overlap-tests.txt"
+    if [ "${TESTS:-1}" = 1 ]; then
+      python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/integration/test_pow_mining.py \
+        -k "overlapped or shared_round or shared_mode_serves" -s --junitxml "$out/overlap-tests.xml" 2>&1 | quiet \
+        | tail -15 | tee "$out/overlap-tests.txt"
+    fi
     ;;
   startup)  # startup [SHAPE...] (default: qwen3-0.6b tiny-moe)
     shift; shapes=("$@"); [ ${#shapes[@]} -eq 0 ] && shapes=(qwen3-0.6b tiny-moe)

@@ -75,8 +75,10 @@ class Engine:
         one_rank = settings.tensor_parallel_size * settings.pipeline_parallel_size == 1
         if settings.poc_overlap == "off" or not one_rank:
             return False
-        has_streams = bool(self.core.collective_rpc("poc_prepare_overlap")[0])
-        return has_streams or settings.poc_overlap == "on"
+        streams = self.core.collective_rpc("poc_prepare_overlap", args=(settings.chat_share,))[0]
+        if streams is not None:
+            log.info("poc_streams", chat_share=settings.chat_share, **streams)
+        return streams is not None or settings.poc_overlap == "on"
 
     def fingerprint(self) -> Fingerprint:
         cfg = self.vllm_config

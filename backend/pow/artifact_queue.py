@@ -127,12 +127,12 @@ class ArtifactQueue:
     def is_in_flight(self) -> bool:
         return self._in_flight is not None
 
-    def launch_batch(self) -> None:
+    def launch_batch(self, is_chat_running: bool) -> None:
         """Queues a whole forward of the next task beside chat's steps; `poll_batch` finishes it."""
         assert self._in_flight is None, "one forward in flight at a time"
         is_job, task, batch = self._take(None)
         try:
-            num_run = self._runner.launch(task.job, batch)
+            num_run = self._runner.launch(task.job, batch, is_chat_running)
         except NoFreeBlocks as e:
             self._wait_for_blocks(e)
             return

@@ -111,8 +111,8 @@ class PowService:
         """A forward launched beside chat has not been polled back yet."""
         return self.artifacts.is_in_flight
 
-    def launch_batch(self) -> None:
-        self.artifacts.launch_batch()
+    def launch_batch(self, is_chat_running: bool) -> None:
+        self.artifacts.launch_batch(is_chat_running)
 
     def poll_batch(self, wait: bool = False) -> None:
         self.artifacts.poll_batch(wait)
