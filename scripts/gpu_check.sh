@@ -85,7 +85,7 @@ case "${1:-tests}" in
       python3 -m bench.beside_mining --part chat --shape qwen3-0.6b --seq-len 1024 --batch-size 32 --streams 16 \
         --max-tokens 128 --seconds 15 --chat-share "$share" --gpu-memory-utilization 0.5 \
         --backend-arg=--poc-overlap --backend-arg="$mode" --json "$out/overlap-$mode-$share.json" 2>&1 | quiet \
-        | tail -9 | tee -a "$out/overlap.txt"
+        | tail -9 | tee -a "$out/overlap.txt" || echo "overlap run $run failed" | tee -a "$out/overlap.txt"
       grep -hE "engine_ready|poc_streams|poc_batch_failed|Error" /tmp/pocserve-bench-beside/backend-shared.log \
         | tail -5 | cut -c1-600 > "$out/overlap-$mode-$share-backend.txt" || true
     done
