@@ -84,10 +84,22 @@ case "${1:-tests}" in
       mode=${run%%:*}; share=${run#*:}
       python3 -m bench.beside_mining --part chat --shape qwen3-0.6b --seq-len 1024 --batch-size 32 --streams 16 \
         --max-tokens 128 --seconds 15 --chat-share "$share" --gpu-memory-utilization 0.5 \
-        --backend-arg=--poc-overlap --backend-arg="$mode" --json "$out/overlap-$mode-$share.json" 2>&1 | quiet \
+        --backend-arg=--poc-overlap --backend-arg="$mode" --backend-arg=--log-level --backend-arg=debug \
+        --json "$out/overlap-$mode-$share.json" 2>&1 | quiet \
         | tail -9 | tee -a "$out/overlap.txt" || echo "overlap run $run failed" | tee -a "$out/overlap.txt"
       grep -hE "engine_ready|poc_streams|poc_batch_failed|Error" /tmp/pocserve-bench-beside/backend-shared.log \
         | tail -5 | cut -c1-600 > "$out/overlap-$mode-$share-backend.txt" || true
+      python3 - "$out/overlap-$mode-$share-backend.txt" <<'PY' || true  # the engine thread's host time per launch
+import re, statistics, sys
+rows = [(m.group(1), float(m.group(2))) for m in (re.search(r"beside_chat=(\w+) host_ms=([\d.]+)", line)
+        for line in open("/tmp/pocserve-bench-beside/backend-shared.log")) if m]
+with open(sys.argv[1], "a") as out:
+    for beside in ("True", "False"):
+        ms = sorted(v for b, v in rows if b == beside)
+        if ms:
+            print(f"launch host ms, beside_chat={beside}: n={len(ms)} p50={statistics.median(ms):.2f} "
+                  f"p90={ms[int(0.9 * (len(ms) - 1))]:.2f} max={ms[-1]:.2f}", file=out)
+PY
     done
     if [ "${TESTS:-1}" = 1 ]; then
       python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/integration/test_pow_mining.py \
