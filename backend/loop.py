@@ -24,6 +24,9 @@ log = structlog.get_logger(__name__)
 _IDLE_WAIT_S = 0.1
 # With a PoC forward running beside chat and nothing else to do, the loop checks on it this often.
 _POLL_S = 0.001
+# Host time the engine thread spends queueing a PoC forward's layers between two chat steps: below an H100 decode
+# step (2-3 ms), so that the step queued ahead (async scheduling) keeps chat's GPU busy meanwhile.
+POC_LAUNCH_SLICE_S = 0.0015
 # Stats are published at most this often while busy (and on every idle wake-up).
 _PUBLISH_INTERVAL_S = 0.05
 # Timers (expired job results, the processor's liveness) run at most this often.
@@ -70,15 +73,16 @@ class BackendLoop:
         in_flight = self.pow.is_in_flight
         can_act = self.chat.has_work() or (self.pow.has_work() and not in_flight)
         self.ingest(block=not can_act, timeout_s=_POLL_S if in_flight else _IDLE_WAIT_S)
+        is_chat_running = self.chat.has_work() or self.chat.is_preparing()
+        budget_s = POC_LAUNCH_SLICE_S if is_chat_running else float("inf")
         if in_flight:
             # Nothing can arrive for PoC to make room for while chat is gated (an exclusive round).
-            self.pow.poll_batch(wait=self.chat.is_gated and not self.chat.has_work())
+            self.pow.poll_batch(wait=self.chat.is_gated and not is_chat_running, budget_s=budget_s)
         self.pow.feed()
         work = policy.choose_overlapped(self.snapshot())
         if work.launch_poc:
             started = time.perf_counter()
-            is_chat_running = self.chat.has_work() or self.chat.is_preparing()
-            self.pow.launch_batch(is_chat_running)
+            self.pow.launch_batch(is_chat_running, budget_s)
             log.debug("poc_launched", beside_chat=is_chat_running,
                       host_ms=round((time.perf_counter() - started) * 1000, 2))
         if work.step_chat:

@@ -9,7 +9,9 @@ its own to the next, and only the last stage has the final hidden state.
 
 from __future__ import annotations
 
+import time
 from contextlib import ExitStack, contextmanager
+from typing import Any
 
 import torch
 from vllm import ir
@@ -61,6 +63,97 @@ def pipeline_last_hidden(mr, cfg, model, block_ids: list[int], num_seqs: int, se
     if pp.is_first_rank and x is None:
         raise ValueError("the first pipeline stage needs the input embeddings")
     hidden_size = int(cfg.model_config.get_hidden_size())
+    positions, attn_metadata, slot_mappings = _prefill_metadata(mr, cfg, block_ids, num_seqs, seq_len)
+    embeds, intermediate = None, None
+    if pp.is_first_rank:
+        assert x is not None
+        embeds = x.reshape(num_seqs * seq_len, hidden_size)
+    else:
+        # The same pairing of calls as vLLM's worker (TP ranks each send a slice, the receivers all-gather),
+        # so a stage's PoC forward can follow a chat step still in flight on the same links, in order.
+        intermediate = IntermediateTensors(pp.recv_tensor_dict(all_gather_group=get_tp_group()))
+    with _forward_context(cfg, attn_metadata, slot_mappings, num_seqs * seq_len):
+        out = model(input_ids=None, positions=positions, intermediate_tensors=intermediate, inputs_embeds=embeds)
+    if not pp.is_last_rank:
+        pp.send_tensor_dict(out.tensors, all_gather_group=get_tp_group())
+        return None
+    return out.view(num_seqs, seq_len, hidden_size)[:, -1].float()
+
+
+# Decoder stacks whose forward is exactly: hidden = inputs_embeds, residual = None; for each layer
+# hidden, residual = layer(positions, hidden, residual); then norm(hidden, residual) (vLLM 0.26 / 0.29 source).
+LAYERWISE_MODELS = ("Qwen2Model", "Qwen3Model", "Qwen3MoeModel", "LlamaModel")
+
+
+class LayerwiseForward:
+    """pipeline_last_hidden's prefill on one stage, queued a few decoder layers per call (`advance`), so that
+    the thread queueing it can step chat in between: queueing the 0.6B shape's whole eager forward took the
+    engine thread 20-22 ms on an H100 host, chat's GPU idled behind it. The same ops in the same order as
+    `model(...)` with reflection hooks (`reflect` is the hooks' function), so the result is the same bit for bit.
+    Models outside LAYERWISE_MODELS run whole at the first call."""
+
+    def __init__(self, mr, cfg, model, block_ids: list[int], x: torch.Tensor, vectors: torch.Tensor,
+                 reflect) -> None:
+        self._cfg, self._model, self._vectors, self._reflect = cfg, model, vectors, reflect
+        self.num_seqs, self.seq_len, hidden_size = x.shape
+        self._positions, self._attn_metadata, self._slot_mappings = _prefill_metadata(
+            mr, cfg, block_ids, self.num_seqs, self.seq_len)
+        self._hidden: Any = x.reshape(self.num_seqs * self.seq_len, hidden_size)
+        self._residual: Any = None
+        self._stack: Any = getattr(model, "model", None)
+        from poc.worker import own_layers
+
+        self._next, self._end = (own_layers(model).start, own_layers(model).stop)
+        self.last_hidden: torch.Tensor | None = None  # [B, H] float32 once every layer is queued
+
+    @property
+    def is_queued(self) -> bool:
+        return self.last_hidden is not None
+
+    def advance(self, budget_s: float) -> bool:
+        """Queues decoder layers until `budget_s` of host time is spent (at least one); True once all are."""
+        if self.is_queued:
+            return True
+        started = time.perf_counter()
+        with _forward_context(self._cfg, self._attn_metadata, self._slot_mappings, self._hidden.shape[0]):
+            if type(self._stack).__name__ not in LAYERWISE_MODELS:
+                self._whole()
+                return True
+            layers = self._stack.layers
+            while self._next < self._end:
+                i = self._next
+                out = layers[i](self._positions, self._hidden, self._residual)
+                self._hidden, self._residual = self._reflect(self._vectors[i])(layers[i], None, out)
+                self._next += 1
+                if time.perf_counter() - started >= budget_s:
+                    break
+            if self._next == self._end:
+                hidden, _ = self._stack.norm(self._hidden, self._residual)
+                self._done(hidden)
+        return self.is_queued
+
+    def _whole(self) -> None:
+        from poc.worker import reflection_hooks
+
+        with reflection_hooks(self._model, self._vectors):
+            self._done(self._model(input_ids=None, positions=self._positions, intermediate_tensors=None,
+                                   inputs_embeds=self._hidden))
+
+    def _done(self, hidden: torch.Tensor) -> None:
+        self.last_hidden = hidden.view(self.num_seqs, self.seq_len, -1)[:, -1].float()
+        self._hidden = self._residual = None
+
+
+@contextmanager
+def _forward_context(cfg, attn_metadata: dict, slot_mappings: dict, num_tokens: int):
+    with set_forward_context(attn_metadata, cfg, num_tokens=num_tokens, slot_mapping=slot_mappings,
+                             skip_compiled=True), eager_norm_kernels():
+        yield
+
+
+def _prefill_metadata(mr, cfg, block_ids: list[int], num_seqs: int, seq_len: int) -> tuple[torch.Tensor, dict, dict]:
+    """(positions, attention metadata per layer, slot mapping per layer) of a causal prefill of `num_seqs`
+    sequences of `seq_len` tokens from position 0 on the leased blocks, built fresh (see poc/worker.py)."""
     device = mr.device
     kv = mr.kv_cache_config
     block_size = cfg.cache_config.block_size
@@ -92,18 +185,4 @@ def pipeline_last_hidden(mr, cfg, model, block_ids: list[int], num_seqs: int, se
                 common_prefix_len=0, common_attn_metadata=common, fast_build=True)
             attn_metadata.update(dict.fromkeys(attn_group.layer_names, built))
         slot_mappings.update(dict.fromkeys(group.layer_names, common.slot_mapping))
-    embeds, intermediate = None, None
-    if pp.is_first_rank:
-        assert x is not None
-        embeds = x.reshape(num_seqs * seq_len, hidden_size)
-    else:
-        # The same pairing of calls as vLLM's worker (TP ranks each send a slice, the receivers all-gather),
-        # so a stage's PoC forward can follow a chat step still in flight on the same links, in order.
-        intermediate = IntermediateTensors(pp.recv_tensor_dict(all_gather_group=get_tp_group()))
-    with set_forward_context(attn_metadata, cfg, num_tokens=num_seqs * seq_len, slot_mapping=slot_mappings,
-                             skip_compiled=True), eager_norm_kernels():
-        out = model(input_ids=None, positions=positions, intermediate_tensors=intermediate, inputs_embeds=embeds)
-    if not pp.is_last_rank:
-        pp.send_tensor_dict(out.tensors, all_gather_group=get_tp_group())
-        return None
-    return out.view(num_seqs, seq_len, hidden_size)[:, -1].float()
+    return positions, attn_metadata, slot_mappings

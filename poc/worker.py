@@ -17,6 +17,7 @@ Invariants (each one cost someone invalid votes, see ARCHITECTURE §9):
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -115,9 +116,8 @@ class PocWorkerExtension:
     device: Any
     # Set by poc_prepare_overlap on CUDA: the streams launched forwards run on (poc/streams.py).
     _poc_streams: Any = None
-    # The launched forward until poc_poll collects it: (last hidden, done event, its stream, block hash, public
-    # key, nonces, k_dim).
-    _poc_in_flight: tuple | None = None
+    # The launched forward until poc_poll collects it.
+    _poc_in_flight: _InFlight | None = None
 
     def _householder(self, block_hash: str, num_layers: int, hidden_size: int, device) -> torch.Tensor:
         """The round's per-layer vectors, cached: they depend only on the block hash (spec §1.7)."""
@@ -189,43 +189,89 @@ class PocWorkerExtension:
 
     @torch.inference_mode()
     def poc_launch(self, block_ids: list[int], block_hash: str, public_key: str, nonces: list[int],
-                   seq_len: int, k_dim: int, stronger_rng: bool, is_chat_running: bool) -> None:
-        """Queues one forward (poc_artifacts' arguments) and returns without waiting for it; poc_poll collects.
-        Beside running chat it takes only PoC's share of the SMs."""
+                   seq_len: int, k_dim: int, stronger_rng: bool, is_chat_running: bool, budget_s: float) -> None:
+        """Starts queueing one forward (poc_artifacts' arguments): as many decoder layers as `budget_s` of host
+        time allows, the rest in poc_poll calls, which also collect it. Beside running chat it takes only PoC's
+        share of the SMs (poc/streams.py)."""
         if self._poc_in_flight is not None:
             raise RuntimeError("a PoC forward is already in flight")
-        from poc import streams
+        from poc.forward import LayerwiseForward, is_first_stage
 
+        if not is_first_stage():
+            raise RuntimeError("PoC forwards beside chat run on one pipeline stage only")
         device = self._device()
-        args = (device, block_ids, block_hash, public_key, nonces, seq_len, stronger_rng)
-        stream, done = None, None
-        if self._poc_streams is None:
+        stream, carveout = (None, 0) if self._poc_streams is None else self._poc_streams.for_launch(is_chat_running)
+        if stream is None:
             _sync(device)
-            hidden = self._poc_last_hidden(*args)
         else:
-            stream, carveout = self._poc_streams.for_launch(is_chat_running)
             # The leased KV blocks may have been a finished request's, still written by the chat steps queued so
             # far (async scheduling runs one step ahead): the forward starts after them.
             stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream), compat.own_workspace(self), streams.cublas_carveout(carveout):
-                hidden = self._poc_last_hidden(*args)
-                done = torch.cuda.Event()
-                done.record(stream)
-        self._poc_in_flight = (hidden, done, stream, block_hash, public_key, nonces, k_dim)
+        cfg, model = self.vllm_config, self.model_runner.get_model()
+        hidden_size, dtype = int(cfg.model_config.get_hidden_size()), cfg.model_config.dtype
+        with self._on_poc_stream(stream, carveout):
+            x = input_embeddings(block_hash, public_key, nonces, seq_len, hidden_size, device, dtype,
+                                 stronger_rng=stronger_rng)
+            vectors = self._householder(block_hash, len(_decoder_layers(model)), hidden_size, device).to(dtype)
+            fwd = LayerwiseForward(self.model_runner, cfg, model, block_ids, x, vectors, _reflect_output)
+        self._poc_in_flight = _InFlight(fwd, stream, carveout, block_hash, public_key, nonces, k_dim)
+        self._poc_advance(budget_s)
 
     @torch.inference_mode()
-    def poc_poll(self, wait: bool) -> tuple[bool, list[tuple[int, str]] | None]:
-        """(False, None) while the launched forward still runs (unless `wait`); then (True, its artifacts), None
-        for the artifacts on all but the last pipeline stage."""
-        in_flight = self._poc_in_flight
-        if in_flight is None:
+    def poc_poll(self, wait: bool, budget_s: float) -> tuple[bool, list[tuple[int, str]] | None]:
+        """Queues more of the launched forward (up to `budget_s` of host time; all of it if `wait`), then
+        (False, None) while it still runs (unless `wait`), else (True, its artifacts)."""
+        f = self._poc_in_flight
+        if f is None:
             raise RuntimeError("no PoC forward in flight")
-        hidden, done, stream, block_hash, public_key, nonces, k_dim = in_flight
-        if done is not None and not wait and not done.query():
+        if not self._poc_advance(float("inf") if wait else budget_s):
+            return False, None
+        if f.done is not None and not wait and not f.done.query():
             return False, None
         self._poc_in_flight = None
-        if hidden is None:
-            return True, None
+        assert f.forward.last_hidden is not None
         # On the forward's stream, after it: the artifacts' few kernels and their one sync leave chat's alone.
-        with torch.cuda.stream(stream):
-            return True, compute_artifacts(hidden, block_hash, public_key, nonces, k_dim)
+        with torch.cuda.stream(f.stream):
+            return True, compute_artifacts(f.forward.last_hidden, f.block_hash, f.public_key, f.nonces, f.k_dim)
+
+    def _poc_advance(self, budget_s: float) -> bool:
+        """Queues layers of the forward in flight for `budget_s`; True once all are queued (its event recorded)."""
+        f = self._poc_in_flight
+        assert f is not None
+        if f.forward.is_queued:
+            return True
+        try:
+            with self._on_poc_stream(f.stream, f.carveout):
+                if not f.forward.advance(budget_s):
+                    return False
+        except BaseException:
+            self._poc_in_flight = None  # a failed forward is dropped; the engine thread fails its task
+            raise
+        if f.stream is not None:
+            f.done = torch.cuda.Event()
+            f.done.record(f.stream)
+        return True
+
+    @contextmanager
+    def _on_poc_stream(self, stream, carveout: int):
+        from poc import streams
+
+        if stream is None:
+            yield
+            return
+        with torch.cuda.stream(stream), compat.own_workspace(self), streams.cublas_carveout(carveout):
+            yield
+
+
+@dataclass
+class _InFlight:
+    """A forward launched beside chat, until poc_poll collects it."""
+
+    forward: Any  # poc.forward.LayerwiseForward
+    stream: Any  # None off CUDA: the forward ran as it was queued
+    carveout: int
+    block_hash: str
+    public_key: str
+    nonces: list[int]
+    k_dim: int
+    done: Any = None  # the CUDA event recorded after its last kernel

@@ -103,7 +103,7 @@ PY
     done
     if [ "${TESTS:-1}" = 1 ]; then
       python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/integration/test_pow_mining.py \
-        -k "overlapped or shared_round or shared_mode_serves" -s --junitxml "$out/overlap-tests.xml" 2>&1 | quiet \
+        -k "overlapped or layerwise or shared_round or shared_mode_serves" -s --junitxml "$out/overlap-tests.xml" 2>&1 | quiet \
         | tail -15 | tee "$out/overlap-tests.txt"
     fi
     ;;

@@ -88,10 +88,11 @@ class PocRunner:
         self.num_nonces += len(nonces)
         return [(int(n), str(v)) for n, v in result], len(nonces)
 
-    def launch(self, job: ArtifactJob, nonces: list[int], is_chat_running: bool) -> int:
-        """Queues one forward over a prefix of `nonces` (as `run`) beside chat's steps and returns how many it
-        took; `poll` collects it. Its blocks stay leased until then, whatever `release` is asked. Beside running
-        chat the forward takes only PoC's share of the device (poc/streams.py)."""
+    def launch(self, job: ArtifactJob, nonces: list[int], is_chat_running: bool, budget_s: float) -> int:
+        """Starts one forward over a prefix of `nonces` (as `run`) beside chat's steps and returns how many it
+        took: the workers queue its first decoder layers in `budget_s` of host time, `poll` the rest and then
+        collects it. Its blocks stay leased until then, whatever `release` is asked. Beside running chat the
+        forward takes only PoC's share of the device (poc/streams.py)."""
         assert self._in_flight is None, "one PoC forward in flight at a time"
         nonces, block_ids = self._lease_for(job, nonces)
         spec = job.spec
@@ -99,19 +100,20 @@ class PocRunner:
             self._core.collective_rpc(
                 "poc_launch", timeout=vllm_envs.VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS,
                 args=(block_ids, spec.block_hash, spec.public_key, list(nonces), spec.seq_len, spec.k_dim,
-                      spec.stronger_rng, is_chat_running))
+                      spec.stronger_rng, is_chat_running, budget_s))
         except BaseException:
             self.release()
             raise
         self._in_flight = len(nonces)
         return len(nonces)
 
-    def poll(self, wait: bool = False) -> list[tuple[int, str]] | None:
-        """The launched forward's artifacts once it has finished (blocking if `wait`), None before."""
+    def poll(self, wait: bool = False, budget_s: float = float("inf")) -> list[tuple[int, str]] | None:
+        """Queues more of the launched forward (for `budget_s`), then its artifacts once it has finished
+        (queueing all and blocking if `wait`), None before."""
         assert self._in_flight is not None, "no PoC forward in flight"
         try:
             results = self._core.collective_rpc("poc_poll", timeout=vllm_envs.VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS,
-                                                args=(wait,))
+                                                args=(wait, budget_s))
         except BaseException:
             self._in_flight = None
             self.release()

@@ -127,12 +127,13 @@ class ArtifactQueue:
     def is_in_flight(self) -> bool:
         return self._in_flight is not None
 
-    def launch_batch(self, is_chat_running: bool) -> None:
-        """Queues a whole forward of the next task beside chat's steps; `poll_batch` finishes it."""
+    def launch_batch(self, is_chat_running: bool, budget_s: float) -> None:
+        """Starts a whole forward of the next task beside chat's steps, queueing what `budget_s` of host time
+        allows; `poll_batch` queues the rest and finishes it."""
         assert self._in_flight is None, "one forward in flight at a time"
         is_job, task, batch = self._take(None)
         try:
-            num_run = self._runner.launch(task.job, batch, is_chat_running)
+            num_run = self._runner.launch(task.job, batch, is_chat_running, budget_s)
         except NoFreeBlocks as e:
             self._wait_for_blocks(e)
             return
@@ -141,12 +142,12 @@ class ArtifactQueue:
             return
         self._in_flight = (is_job, task, num_run)
 
-    def poll_batch(self, wait: bool = False) -> None:
-        """Finishes the launched forward if it is done (or once it is, with `wait`)."""
+    def poll_batch(self, wait: bool = False, budget_s: float = float("inf")) -> None:
+        """Queues more of the launched forward, and finishes it if it is done (or once it is, with `wait`)."""
         assert self._in_flight is not None, "no forward in flight"
         is_job, task, num_run = self._in_flight
         try:
-            artifacts = self._runner.poll(wait)
+            artifacts = self._runner.poll(wait, budget_s)
         except Exception as e:
             self._in_flight = None
             self._failed(is_job, task, num_run, e)

@@ -111,11 +111,11 @@ class PowService:
         """A forward launched beside chat has not been polled back yet."""
         return self.artifacts.is_in_flight
 
-    def launch_batch(self, is_chat_running: bool) -> None:
-        self.artifacts.launch_batch(is_chat_running)
+    def launch_batch(self, is_chat_running: bool, budget_s: float) -> None:
+        self.artifacts.launch_batch(is_chat_running, budget_s)
 
-    def poll_batch(self, wait: bool = False) -> None:
-        self.artifacts.poll_batch(wait)
+    def poll_batch(self, wait: bool, budget_s: float) -> None:
+        self.artifacts.poll_batch(wait, budget_s)
 
     def next_forward(self) -> tuple[Cost | None, int]:
         """The learned cost of the forward run_batch would run next, and the most sequences it can take."""

@@ -231,6 +231,16 @@ def test_overlapped_round_under_chat_load_gives_the_artifacts_computed_alone(ove
     assert max(l2(computed[n], alone[n]) for n in computed) < 0.02
 
 
+def test_layerwise_forward_beside_chat_gives_the_whole_forwards_artifacts_bit_for_bit(shared, overlapped):
+    """The overlapped backend queues a forward a few layers per loop turn while chat runs (LayerwiseForward);
+    the shared one (time-sliced here) runs the model whole. Same nonces in one forward: the same bytes."""
+    nonces = [7 * i for i in range(8)]
+    whole = artifacts_of(shared.pow, nonces, block_hash="LAYERWISE")
+    with chat_holding_poc(overlapped.base_url):
+        layerwise = artifacts_of(overlapped.pow, nonces, block_hash="LAYERWISE")
+    assert layerwise == whole
+
+
 def test_queued_validation_delivers_the_exact_validated_callback(pow_url, receiver):
     nonces = [0, 1, 2, 3]
     honest = artifacts_of(pow_url, nonces)

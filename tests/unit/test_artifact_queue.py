@@ -159,14 +159,14 @@ class LaunchingRunner(FakeRunner):
         self.launched: tuple[str, list[int]] | None = None
         self.finished = False
 
-    def launch(self, job: ArtifactJob, nonces: list[int], is_chat_running: bool) -> int:
+    def launch(self, job: ArtifactJob, nonces: list[int], is_chat_running: bool, budget_s: float) -> int:
         if self.blocked:
             raise NoFreeBlocks("all blocks in use")
         assert self.launched is None
         self.launched = (job.spec.block_hash, nonces)
         return len(nonces)
 
-    def poll(self, wait: bool = False):
+    def poll(self, wait: bool = False, budget_s: float = 0.0):
         assert self.launched is not None
         if not (self.finished or wait):
             return None
@@ -183,14 +183,14 @@ def test_artifact_queue_launched_forward_finishes_its_task_when_polled_done():
     queue = ArtifactQueue(runner)
     job, done = _task("validation", 6)
     queue.submit(job)
-    queue.launch_batch(is_chat_running=True)
+    queue.launch_batch(is_chat_running=True, budget_s=0.001)
     assert queue.is_in_flight and runner.launched == ("validation", [0, 1, 2, 3])
     queue.poll_batch()
     assert queue.is_in_flight and not done.calls  # still running
     runner.finished = True
     queue.poll_batch()
     assert not queue.is_in_flight and job.remaining == [4, 5] and not done.calls
-    queue.launch_batch(is_chat_running=True)
+    queue.launch_batch(is_chat_running=True, budget_s=0.001)
     queue.poll_batch(wait=True)
     assert [(a.nonce, a.vector_b64) for a in done.calls[0][0]] == [(n, f"v{n}") for n in range(6)]
     assert done.calls[0][1] is None and len(queue) == 0
@@ -202,7 +202,7 @@ def test_artifact_queue_forward_of_a_task_stopped_in_flight_is_dropped():
     queue = ArtifactQueue(runner)
     mining, done = _task("round", 4, MINING)
     queue.submit(mining)
-    queue.launch_batch(is_chat_running=True)
+    queue.launch_batch(is_chat_running=True, budget_s=0.001)
     assert queue.discard(lambda task: task.tag == MINING) == 1  # /stop while the forward runs
     queue.poll_batch(wait=True)
     assert not queue.is_in_flight and not done.calls and len(queue) == 0
@@ -216,10 +216,10 @@ def test_artifact_queue_failed_launched_forward_fails_its_task_only():
     queue.submit(bad)
     queue.submit(good)
     runner.fail_for = "bad"
-    queue.launch_batch(is_chat_running=True)
+    queue.launch_batch(is_chat_running=True, budget_s=0.001)
     queue.poll_batch(wait=True)
     assert bad_done.calls[0][0] == [] and "PoC forward failed" in bad_done.calls[0][1].message
-    queue.launch_batch(is_chat_running=True)
+    queue.launch_batch(is_chat_running=True, budget_s=0.001)
     queue.poll_batch(wait=True)
     assert good_done.calls[0][1] is None and len(queue) == 0
 
@@ -230,10 +230,10 @@ def test_artifact_queue_launch_without_free_blocks_waits_for_a_step():
     job, done = _task("validation", 4)
     queue.submit(job)
     runner.blocked = True
-    queue.launch_batch(is_chat_running=True)
+    queue.launch_batch(is_chat_running=True, budget_s=0.001)
     assert queue.is_blocked and not queue.is_in_flight and len(queue) == 1
     queue.unblock()
     runner.blocked = False
-    queue.launch_batch(is_chat_running=True)
+    queue.launch_batch(is_chat_running=True, budget_s=0.001)
     queue.poll_batch(wait=True)
     assert done.calls[0][1] is None and not queue.is_blocked

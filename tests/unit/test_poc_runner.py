@@ -101,7 +101,7 @@ def test_a_launched_forward_keeps_its_blocks_until_polled_back():
     core = FakeCore(num_blocks=65)
     runner = PocRunner(core, max_num_seqs=8, max_batch_tokens=8 * SEQ_LEN)
     free = core.pool.get_num_free_blocks()
-    assert runner.launch(job(8), list(range(8)), is_chat_running=True) == 8 and runner.is_in_flight
+    assert runner.launch(job(8), list(range(8)), is_chat_running=True, budget_s=0.001) == 8 and runner.is_in_flight
     runner.release()  # an engine step beside the forward: its blocks stay leased
     assert core.pool.get_num_free_blocks() == free - 32
     assert runner.poll() is None and runner.is_in_flight
@@ -115,7 +115,8 @@ def test_a_launched_forward_keeps_its_blocks_until_polled_back():
 def test_a_launch_takes_what_the_free_blocks_allow_and_a_failed_poll_returns_them():
     core = FakeCore(num_blocks=17)  # 16 usable: 4 sequences
     runner = PocRunner(core, max_num_seqs=8, max_batch_tokens=8 * SEQ_LEN)
-    assert runner.launch(job(8), list(range(8)), is_chat_running=True) == 4 and core.launched == [0, 1, 2, 3]
+    assert runner.launch(job(8), list(range(8)), is_chat_running=True, budget_s=0.001) == 4
+    assert core.launched == [0, 1, 2, 3]
     core.fail = True
     with pytest.raises(RuntimeError):
         runner.poll(wait=True)
