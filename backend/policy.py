@@ -6,7 +6,8 @@ many sequences as the credit buys. A chat request still being tokenized counts a
 forward just before it reaches the engine. With chat idle, PoC runs forwards back to back, each at most
 IDLE_FORWARD_S long (a chat that arrives waits for the one in flight) unless a shorter one would waste more than
 IDLE_MAX_OVERHEAD of its time, and whole ones while chat is gated (an exclusive round); with nothing to run, the
-loop blocks on its inbox.
+loop blocks on its inbox. That is `choose`, for time-slicing; where PoC forwards run beside chat steps
+(--poc-overlap) the loop asks `choose_overlapped` instead.
 """
 
 from __future__ import annotations
@@ -94,18 +95,18 @@ def _idle_forward(s: Snapshot) -> PocBatch:
 
 @dataclass(frozen=True)
 class Overlapped:
-    """One loop turn where PoC forwards run beside chat steps on a stream of their own: queue the next forward
-    (it runs while the loop goes on), and/or step the engine."""
+    """One loop turn where PoC forwards run beside chat steps on a stream of their own: start the next forward
+    (the loop queues its layers between steps and collects it when done), and/or step the engine."""
 
     launch_poc: bool
     step_chat: bool
 
 
 def choose_overlapped(s: Snapshot) -> Overlapped:
-    """The device's scheduler shares it (chat's stream dispatches first), so between the share's ends there is
-    nothing to size: PoC keeps one whole forward queued while it has work. Share 1: a forward starts only while
-    chat is idle (one that chat then joins runs on beside it). Share 0: chat steps only while PoC is idle, or to
-    free the KV blocks PoC waits for."""
+    """Between the share's ends the share is not spent here: it sized the SM partition a forward beside chat runs
+    on (poc/streams.py), so PoC keeps one whole forward going while it has work. Share 1: a forward starts only
+    while chat is idle (one that chat then joins runs on beside it). Share 0: chat steps only while PoC is idle,
+    or to free the KV blocks PoC waits for."""
     is_chat_active = s.has_engine_work or s.is_chat_preparing
     poc_ready = s.has_poc_work and not s.is_poc_in_flight and not (s.is_poc_blocked and s.has_engine_work)
     launch = poc_ready and (s.chat_share < 1.0 or s.is_chat_gated or not is_chat_active)

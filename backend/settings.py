@@ -116,12 +116,13 @@ class BackendSettings:
     chat_share: float = setting("POCSERVE_CHAT_SHARE", 0.5,
                                 "fraction of the device chat keeps while chat and PoC work (mining in shared mode, "
                                 "validation jobs always) compete, in [0, 1]: 1 = PoC only when chat is idle, 0 = "
-                                "chat only when PoC is idle; PoC forwards are sized to it from measured times")
+                                "chat only when PoC is idle; time-sliced, PoC forwards are sized to it from measured "
+                                "times; overlapped (--poc-overlap), a forward beside chat gets (1 - share) of the SMs")
     poc_overlap: str = setting("POCSERVE_POC_OVERLAP", "auto",
-                               "PoC forwards beside chat steps on a CUDA stream of lower priority than chat's, "
-                               "instead of time-sliced between them by --chat-share: auto = on a CUDA engine of one "
-                               "rank (TP x PP = 1), on = also on a CPU engine (each forward then runs when launched, "
-                               "with no overlap: for tests), off = time-slicing",
+                               "PoC forwards run beside chat steps (a CUDA stream of their own, on their share of "
+                               "the SMs, queued a few layers per chat step) instead of time-sliced between them: "
+                               "auto = on a CUDA engine of one rank (TP x PP = 1), on = also on a CPU engine (each "
+                               "layer then runs when queued, with no overlap: for tests), off = time-slicing",
                                choices=("auto", "on", "off"))
     fault_fail_on_step: int = setting("POCSERVE_FAULT_FAIL_ON_STEP", 0,
                                       "fault injection for tests: the engine raises on this step (0 = never)")
