@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from backend.engine import compat
-from poc import cuda_kernels
+from poc import cuda_kernels, streams
 from poc.artifacts import compute_artifacts
 from poc.errors import PocInputError
 from poc.rng import householder_vectors, input_embeddings
@@ -182,8 +182,6 @@ class PocWorkerExtension:
         device = self._device()
         if device.type != "cuda":
             return None
-        from poc import streams
-
         self._poc_streams = streams.prepare(device, chat_share)
         return self._poc_streams.description
 
@@ -195,7 +193,7 @@ class PocWorkerExtension:
         share of the SMs (poc/streams.py)."""
         if self._poc_in_flight is not None:
             raise RuntimeError("a PoC forward is already in flight")
-        from poc.forward import LayerwiseForward, is_first_stage
+        from poc.forward import LayerwiseForward, is_first_stage  # vLLM imports, as in _poc_last_hidden
 
         if not is_first_stage():
             raise RuntimeError("PoC forwards beside chat run on one pipeline stage only")
@@ -254,8 +252,6 @@ class PocWorkerExtension:
 
     @contextmanager
     def _on_poc_stream(self, stream, carveout: int):
-        from poc import streams
-
         if stream is None:
             yield
             return
