@@ -86,11 +86,9 @@ class BackendLoop:
             log.debug("poc_launched", beside_chat=is_chat_running,
                       host_ms=round((time.perf_counter() - started) * 1000, 2))
         if work.step_chat:
-            self.chat.route(self.engine.step())
-            self.num_steps += 1
-            self.pow.unblock()
-        elif not self.pow.is_in_flight and not work.launch_poc:
-            self.engine.poc.release()
+            self.step_engine()
+        else:
+            self.engine.poc.release()  # a no-op while a forward is in flight
         self.publish()
         self.on_timer()
 
@@ -131,13 +129,11 @@ class BackendLoop:
         match work:
             case policy.EngineStep():
                 started = time.perf_counter()
-                self.chat.route(self.engine.step())
+                self.step_engine()
                 cost, max_batch = self.pow.next_forward()
                 min_forward_s = cost.seconds(min(cost.efficient_size(), max_batch)) if cost is not None else 0.0
                 self.share.after_step(time.perf_counter() - started, is_poc_waiting=self.pow.has_batch(),
                                       min_forward_s=min_forward_s)
-                self.num_steps += 1
-                self.pow.unblock()
             case policy.PocBatch(limit=limit):
                 started = time.perf_counter()
                 self.pow.run_batch(limit)
@@ -147,6 +143,11 @@ class BackendLoop:
                           credit_ms=round(self.share.credit_s * 1000, 2))
             case policy.Idle():
                 self.engine.poc.release()  # PoC keeps its KV blocks between forwards; no forward is coming
+
+    def step_engine(self) -> None:
+        self.chat.route(self.engine.step())
+        self.num_steps += 1
+        self.pow.unblock()  # the step may have freed KV blocks
 
     def publish(self) -> None:
         now = time.monotonic()

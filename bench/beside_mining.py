@@ -28,6 +28,7 @@ import numpy as np
 
 from bench.mining import NODE, start_stack
 from bench.procs import raise_on_signals, stop_all
+from poc.artifacts import vector_l2
 
 
 def _pow(base: str) -> str:
@@ -223,7 +224,7 @@ def chat_part(model_dir: Path, args) -> dict:
                "chat_ratio": beside["tokens_per_s"] / idle["tokens_per_s"], "poc_ratio": poc_beside / poc_alone,
                "tpot_p99_ratio": beside["tpot_p99_ms"] / idle["tpot_p99_ms"],
                "probe_identical": sum(a == b for a, b in zip(probe, probe_alone, strict=True)),
-               "probe_max_l2": max(_l2(a, b) for a, b in zip(probe, probe_alone, strict=True)),
+               "probe_max_l2": max(vector_l2(a, b) for a, b in zip(probe, probe_alone, strict=True)),
                "probe_sha256": hashlib.sha256("".join(probe_alone).encode()).hexdigest(),
                "greedy_identical": under_load["greedy"] == greedy_idle}
     for name, f in (("idle before", idle_before), ("idle after", idle_after), ("during the round", beside)):
@@ -238,11 +239,6 @@ def chat_part(model_dir: Path, args) -> dict:
           f"{figures['probe_sha256'][:16]}); greedy chat identical: {figures['greedy_identical']}", flush=True)
     print("(ratios against the mean of the two idle stretches)", flush=True)
     return figures
-
-
-def _l2(a: str, b: str) -> float:
-    from poc.artifacts import decode_vector
-    return float(np.linalg.norm(decode_vector(a) - decode_vector(b)))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -30,7 +30,7 @@ import httpx
 import numpy as np
 
 from bench.procs import Proc, free_port, raise_on_signals, stop_all, wait_http_ok
-from poc.artifacts import decode_vector
+from poc.artifacts import vector_l2
 from tests.stack import backend_args, frontend_args
 
 BLOCK_HASH, PUBLIC_KEY = "TIES_BLOCK", "ties_key"
@@ -128,7 +128,7 @@ def measure(src: Path, work: Path, gate_scale: float, expert_scale: float, args)
     if args.against != "hf":  # the served engine at another topology; the margins still come from the HF forward
         ref = served_artifacts(model_dir, work / args.against, nonces, args.seq_len, args.batch,
                                TOPOLOGY_FLAGS[args.against])
-    l2 = np.array([np.linalg.norm(decode_vector(served[n]) - decode_vector(ref[n])) for n in nonces])
+    l2 = np.array([vector_l2(served[n], ref[n]) for n in nonces])
     margin = np.array([diag["min_margin"][n] for n in nonces])
     near_tie = margin < NEAR_TIE
     row = {"against": args.against, "gate_scale": gate_scale, "expert_scale": expert_scale, "num_nonces": len(nonces),

@@ -29,7 +29,7 @@ import httpx
 import numpy as np
 
 from bench.procs import Proc, free_port, raise_on_signals, stop_all, wait_gpus_free, wait_http_ok
-from poc.artifacts import decode_vector
+from poc.artifacts import vector_l2
 from poc.validation import StatTest, fraud_test
 
 NODE = {"block_hash": "TOPOLOGIES", "block_height": 1, "public_key": "bench_key", "node_id": 0, "node_count": 1}
@@ -119,7 +119,7 @@ def run_topology(topology: Topology, model_dir: Path, args) -> dict:
 def compare(a: dict[int, str], b: dict[int, str]) -> dict:
     """L2 distribution between two topologies' artifacts, and the validation verdicts either way."""
     common = sorted(a.keys() & b.keys())
-    distances = np.array([float(np.linalg.norm(decode_vector(a[n]) - decode_vector(b[n]))) for n in common])
+    distances = np.array([vector_l2(a[n], b[n]) for n in common])
     out: dict = {"n": len(common), "only_one_side": len(a.keys() ^ b.keys()), "mean": float(distances.mean()),
                  "p50": float(np.percentile(distances, 50)), "p99": float(np.percentile(distances, 99)),
                  "max": float(distances.max())}

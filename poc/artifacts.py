@@ -100,6 +100,11 @@ def decode_vector(vector_b64: str) -> np.ndarray:
     return np.frombuffer(data, dtype=WIRE_DTYPE).astype(np.float32)
 
 
+def vector_l2(a_b64: str, b_b64: str) -> float:
+    """L2 distance between two wire vectors (the distance validation compares to its threshold)."""
+    return float(np.linalg.norm(decode_vector(a_b64) - decode_vector(b_b64)))
+
+
 def encode_vectors(vectors: torch.Tensor) -> list[str]:
     """fp16 vectors [B, k] -> one base64 string per row (a single device-to-host copy)."""
     host = vectors.detach().to("cpu", torch.float16).numpy().astype(WIRE_DTYPE, copy=False)

@@ -10,6 +10,8 @@ chat whatever PoC runs. A forward launched while chat is idle takes every SM (th
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,17 +73,15 @@ def prepare(device: torch.device, chat_share: float) -> PocStreams:
         return PocStreams(alone, alone, total - sms, description)
 
 
-class cublas_carveout:
+@contextmanager
+def cublas_carveout(sms: int) -> Iterator[None]:
     """cuBLAS GEMMs launched inside leave `sms` SMs free (torch's SM carveout, read per GEMM call)."""
-
-    def __init__(self, sms: int) -> None:
-        self.sms = sms
-
-    def __enter__(self) -> None:
-        if self.sms:
-            self._previous = torch._C._get_sm_carveout_experimental()
-            torch._C._set_sm_carveout_experimental(self.sms)
-
-    def __exit__(self, *exc) -> None:
-        if self.sms:
-            torch._C._set_sm_carveout_experimental(self._previous)
+    if not sms:
+        yield
+        return
+    previous = torch._C._get_sm_carveout_experimental()
+    torch._C._set_sm_carveout_experimental(sms)
+    try:
+        yield
+    finally:
+        torch._C._set_sm_carveout_experimental(previous)

@@ -146,18 +146,27 @@ class PocWorkerExtension:
         hidden state [B, H] on the last pipeline stage, None on the others."""
         from poc import forward  # vLLM imports stay out of the engine-free poc modules
 
-        mr, cfg = self.model_runner, self.vllm_config
-        model = mr.get_model()
-        hidden_size = int(cfg.model_config.get_hidden_size())
-        dtype = cfg.model_config.dtype
+        model = self.model_runner.get_model()
+        x, vectors = self._poc_inputs(device, block_hash, public_key, nonces, seq_len, stronger_rng,
+                                      forward.is_first_stage())
+        with reflection_hooks(model, vectors):
+            return forward.pipeline_last_hidden(self.model_runner, self.vllm_config, model, block_ids, len(nonces),
+                                                seq_len, x)
+
+    def _poc_inputs(self, device, block_hash: str, public_key: str, nonces: list[int], seq_len: int,
+                    stronger_rng: bool, is_first_stage: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(the seeded input embeddings [B, L, H], None off the first pipeline stage; the per-layer Householder
+        vectors in the model dtype), queued on the current stream."""
+        cfg = self.vllm_config
+        hidden_size, dtype = int(cfg.model_config.get_hidden_size()), cfg.model_config.dtype
         x = None
-        if forward.is_first_stage():
+        if is_first_stage:
             x = input_embeddings(block_hash, public_key, nonces, seq_len, hidden_size, device, dtype,
                                  stronger_rng=stronger_rng)
         # reflect() casts v to the activation dtype anyway; casting once here saves two copies per layer.
-        vectors = self._householder(block_hash, len(_decoder_layers(model)), hidden_size, device).to(dtype)
-        with reflection_hooks(model, vectors):
-            return forward.pipeline_last_hidden(mr, cfg, model, block_ids, len(nonces), seq_len, x)
+        num_layers = len(_decoder_layers(self.model_runner.get_model()))
+        vectors = self._householder(block_hash, num_layers, hidden_size, device).to(dtype)
+        return x, vectors
 
     def _device(self) -> torch.device:
         return torch.device(self.device) if not isinstance(self.device, torch.device) else self.device
@@ -205,13 +214,11 @@ class PocWorkerExtension:
             # The leased KV blocks may have been a finished request's, still written by the chat steps queued so
             # far (async scheduling runs one step ahead): the forward starts after them.
             stream.wait_stream(torch.cuda.current_stream(device))
-        cfg, model = self.vllm_config, self.model_runner.get_model()
-        hidden_size, dtype = int(cfg.model_config.get_hidden_size()), cfg.model_config.dtype
         with self._on_poc_stream(stream, carveout):
-            x = input_embeddings(block_hash, public_key, nonces, seq_len, hidden_size, device, dtype,
-                                 stronger_rng=stronger_rng)
-            vectors = self._householder(block_hash, len(_decoder_layers(model)), hidden_size, device).to(dtype)
-            fwd = LayerwiseForward(self.model_runner, cfg, model, block_ids, x, vectors, _reflect_output)
+            x, vectors = self._poc_inputs(device, block_hash, public_key, nonces, seq_len, stronger_rng, True)
+            assert x is not None
+            fwd = LayerwiseForward(self.model_runner, self.vllm_config, self.model_runner.get_model(), block_ids, x,
+                                   vectors, _reflect_output)
         self._poc_in_flight = _InFlight(fwd, stream, carveout, block_hash, public_key, nonces, k_dim)
         self._poc_advance(budget_s)
 
