@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -63,7 +64,7 @@ def pipeline_last_hidden(mr, cfg, model, block_ids: list[int], num_seqs: int, se
     if pp.is_first_rank and x is None:
         raise ValueError("the first pipeline stage needs the input embeddings")
     hidden_size = int(cfg.model_config.get_hidden_size())
-    positions, attn_metadata, slot_mappings = _prefill_metadata(mr, cfg, block_ids, num_seqs, seq_len)
+    p = prefill(mr, cfg, block_ids, num_seqs, seq_len)
     embeds, intermediate = None, None
     if pp.is_first_rank:
         assert x is not None
@@ -72,8 +73,8 @@ def pipeline_last_hidden(mr, cfg, model, block_ids: list[int], num_seqs: int, se
         # The same pairing of calls as vLLM's worker (TP ranks each send a slice, the receivers all-gather),
         # so a stage's PoC forward can follow a chat step still in flight on the same links, in order.
         intermediate = IntermediateTensors(pp.recv_tensor_dict(all_gather_group=get_tp_group()))
-    with _forward_context(cfg, attn_metadata, slot_mappings, num_seqs * seq_len):
-        out = model(input_ids=None, positions=positions, intermediate_tensors=intermediate, inputs_embeds=embeds)
+    with _forward_context(cfg, p.attn_metadata, p.slot_mappings, num_seqs * seq_len):
+        out = model(input_ids=None, positions=p.positions, intermediate_tensors=intermediate, inputs_embeds=embeds)
     if not pp.is_last_rank:
         pp.send_tensor_dict(out.tensors, all_gather_group=get_tp_group())
         return None
@@ -93,11 +94,10 @@ class LayerwiseForward:
     Models outside LAYERWISE_MODELS run whole at the first call."""
 
     def __init__(self, mr, cfg, model, block_ids: list[int], x: torch.Tensor, vectors: torch.Tensor,
-                 reflect) -> None:
+                 reflect, metadata: Prefill | None = None) -> None:
         self._cfg, self._model, self._vectors, self._reflect = cfg, model, vectors, reflect
         self.num_seqs, self.seq_len, hidden_size = x.shape
-        self._positions, self._attn_metadata, self._slot_mappings = _prefill_metadata(
-            mr, cfg, block_ids, self.num_seqs, self.seq_len)
+        self.prefill = metadata or prefill(mr, cfg, block_ids, self.num_seqs, self.seq_len)
         self._hidden: Any = x.reshape(self.num_seqs * self.seq_len, hidden_size)
         self._residual: Any = None
         self._stack: Any = getattr(model, "model", None)
@@ -115,14 +115,14 @@ class LayerwiseForward:
         if self.is_queued:
             return True
         started = time.perf_counter()
-        with _forward_context(self._cfg, self._attn_metadata, self._slot_mappings, self._hidden.shape[0]):
+        with _forward_context(self._cfg, self.prefill.attn_metadata, self.prefill.slot_mappings, self._hidden.shape[0]):
             if type(self._stack).__name__ not in LAYERWISE_MODELS:
                 self._whole()
                 return True
             layers = self._stack.layers
             while self._next < self._end:
                 i = self._next
-                out = layers[i](self._positions, self._hidden, self._residual)
+                out = layers[i](self.prefill.positions, self._hidden, self._residual)
                 self._hidden, self._residual = self._reflect(self._vectors[i])(layers[i], None, out)
                 self._next += 1
                 if time.perf_counter() - started >= budget_s:
@@ -136,7 +136,7 @@ class LayerwiseForward:
         from poc.worker import reflection_hooks
 
         with reflection_hooks(self._model, self._vectors):
-            self._done(self._model(input_ids=None, positions=self._positions, intermediate_tensors=None,
+            self._done(self._model(input_ids=None, positions=self.prefill.positions, intermediate_tensors=None,
                                    inputs_embeds=self._hidden))
 
     def _done(self, hidden: torch.Tensor) -> None:
@@ -151,38 +151,61 @@ def _forward_context(cfg, attn_metadata: dict, slot_mappings: dict, num_tokens: 
         yield
 
 
-def _prefill_metadata(mr, cfg, block_ids: list[int], num_seqs: int, seq_len: int) -> tuple[torch.Tensor, dict, dict]:
-    """(positions, attention metadata per layer, slot mapping per layer) of a causal prefill of `num_seqs`
-    sequences of `seq_len` tokens from position 0 on the leased blocks, built fresh (see poc/worker.py)."""
-    device = mr.device
-    kv = mr.kv_cache_config
+@dataclass
+class Prefill:
+    """What a causal prefill of `num_seqs` sequences of `seq_len` tokens from position 0 reads besides its inputs:
+    positions, the attention metadata and slot mapping of every layer, and the device block table and slot map of
+    each KV-cache group that those hold (a captured forward is pointed at other blocks by copying into them)."""
+
+    positions: torch.Tensor
+    attn_metadata: dict
+    slot_mappings: dict
+    tables: list[tuple[torch.Tensor, torch.Tensor]]
+    built: list  # each attention group's built metadata
+
+
+def block_tables(mr, cfg, block_ids: list[int], num_seqs: int, seq_len: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Host (block table int32 [B, blocks], slot map int64 [B·L]) of each KV-cache group, in its kernel block size,
+    for a prefill on the leased blocks."""
     block_size = cfg.cache_config.block_size
     blocks_per_seq = -(-seq_len // block_size)
     if len(block_ids) != num_seqs * blocks_per_seq:
         raise ValueError(f"{len(block_ids)} leased blocks for {num_seqs}x{blocks_per_seq}")
     ids = torch.tensor(block_ids, dtype=torch.int64).view(num_seqs, blocks_per_seq)
     pos = torch.arange(seq_len)
-    qsl = torch.arange(num_seqs + 1, dtype=torch.int32) * seq_len
-    seq_lens = torch.full((num_seqs,), seq_len, dtype=torch.int32)
-    positions = host_to_device(pos.repeat(num_seqs), device)
-    attn_metadata, slot_mappings = {}, {}
-    for gid, group in enumerate(kv.kv_cache_groups):
+    tables = []
+    for gid in range(len(mr.kv_cache_config.kv_cache_groups)):
         kbs = compat.kernel_block_size(mr, gid)
         per = block_size // kbs
         kernel_blocks = (ids[:, :, None] * per + torch.arange(per)).view(num_seqs, blocks_per_seq * per)
         slots = (kernel_blocks.gather(1, (pos // kbs).expand(num_seqs, seq_len)) * kbs + pos % kbs).reshape(-1)
+        tables.append((kernel_blocks.to(torch.int32), slots))
+    return tables
+
+
+def prefill(mr, cfg, block_ids: list[int], num_seqs: int, seq_len: int) -> Prefill:
+    """The prefill's positions and metadata on the leased blocks, built fresh (see poc/worker.py)."""
+    device = mr.device
+    pos = torch.arange(seq_len)
+    qsl = torch.arange(num_seqs + 1, dtype=torch.int32) * seq_len
+    seq_lens = torch.full((num_seqs,), seq_len, dtype=torch.int32)
+    positions = host_to_device(pos.repeat(num_seqs), device)
+    attn_metadata, slot_mappings, tables, built_all = {}, {}, [], []
+    groups = mr.kv_cache_config.kv_cache_groups
+    for gid, (host_table, host_slots) in enumerate(block_tables(mr, cfg, block_ids, num_seqs, seq_len)):
+        table, slots = host_to_device(host_table, device), host_to_device(host_slots, device)
+        tables.append((table, slots))
         common = CommonAttentionMetadata(
             query_start_loc=host_to_device(qsl, device), query_start_loc_cpu=qsl,
             seq_lens=host_to_device(seq_lens, device), num_reqs=num_seqs, num_actual_tokens=num_seqs * seq_len,
-            max_query_len=seq_len, max_seq_len=seq_len,
-            block_table_tensor=host_to_device(kernel_blocks.to(torch.int32), device),
-            slot_mapping=host_to_device(slots, device), causal=True, positions=positions,
-            is_prefilling=torch.ones(num_seqs, dtype=torch.bool, device=device),
+            max_query_len=seq_len, max_seq_len=seq_len, block_table_tensor=table, slot_mapping=slots, causal=True,
+            positions=positions, is_prefilling=torch.ones(num_seqs, dtype=torch.bool, device=device),
             seq_lens_cpu_upper_bound=seq_lens, _seq_lens_cpu=seq_lens,
             _num_computed_tokens_cpu=torch.zeros(num_seqs, dtype=torch.int32))
         for attn_group in mr.attn_groups[gid]:
             built = attn_group.get_metadata_builder(0).build(
                 common_prefix_len=0, common_attn_metadata=common, fast_build=True)
+            built_all.append(built)
             attn_metadata.update(dict.fromkeys(attn_group.layer_names, built))
-        slot_mappings.update(dict.fromkeys(group.layer_names, common.slot_mapping))
-    return positions, attn_metadata, slot_mappings
+        slot_mappings.update(dict.fromkeys(groups[gid].layer_names, slots))
+    return Prefill(positions, attn_metadata, slot_mappings, tables, built_all)

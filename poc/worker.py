@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from backend.engine import compat
-from poc import cuda_kernels, streams
+from poc import cuda_kernels, graphs, streams
 from poc.artifacts import compute_artifacts
 from poc.errors import PocInputError
 from poc.rng import householder_vectors, input_embeddings
@@ -116,6 +116,8 @@ class PocWorkerExtension:
     device: Any
     # Set by poc_prepare_overlap on CUDA: the streams launched forwards run on (poc/streams.py).
     _poc_streams: Any = None
+    # Set with the streams unless POCSERVE_POC_GRAPHS=0: the captured forwards (poc/graphs.py).
+    _poc_graphs: graphs.PocGraphs | None = None
     # The launched forward until poc_poll collects it.
     _poc_in_flight: _InFlight | None = None
 
@@ -157,16 +159,23 @@ class PocWorkerExtension:
                     stronger_rng: bool, is_first_stage: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
         """(the seeded input embeddings [B, L, H], None off the first pipeline stage; the per-layer Householder
         vectors in the model dtype), queued on the current stream."""
-        cfg = self.vllm_config
-        hidden_size, dtype = int(cfg.model_config.get_hidden_size()), cfg.model_config.dtype
         x = None
         if is_first_stage:
-            x = input_embeddings(block_hash, public_key, nonces, seq_len, hidden_size, device, dtype,
-                                 stronger_rng=stronger_rng)
-        # reflect() casts v to the activation dtype anyway; casting once here saves two copies per layer.
+            x = self._poc_embeddings(device, block_hash, public_key, nonces, seq_len, stronger_rng)
+        return x, self._poc_vectors(device, block_hash)
+
+    def _poc_embeddings(self, device, block_hash: str, public_key: str, nonces: list[int], seq_len: int,
+                        stronger_rng: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+        cfg = self.vllm_config
+        return input_embeddings(block_hash, public_key, nonces, seq_len, int(cfg.model_config.get_hidden_size()),
+                                device, cfg.model_config.dtype, stronger_rng=stronger_rng, out=out)
+
+    def _poc_vectors(self, device, block_hash: str) -> torch.Tensor:
+        cfg = self.vllm_config
         num_layers = len(_decoder_layers(self.model_runner.get_model()))
-        vectors = self._householder(block_hash, num_layers, hidden_size, device).to(dtype)
-        return x, vectors
+        # reflect() casts v to the activation dtype anyway; casting once here saves two copies per layer.
+        vectors = self._householder(block_hash, num_layers, int(cfg.model_config.get_hidden_size()), device)
+        return vectors.to(cfg.model_config.dtype)
 
     def _device(self) -> torch.device:
         return torch.device(self.device) if not isinstance(self.device, torch.device) else self.device
@@ -192,7 +201,9 @@ class PocWorkerExtension:
         if device.type != "cuda":
             return None
         self._poc_streams = streams.prepare(device, chat_share)
-        return self._poc_streams.description
+        if graphs.enabled():
+            self._poc_graphs = graphs.PocGraphs()
+        return {**self._poc_streams.description, "graphs": graphs.enabled()}
 
     @torch.inference_mode()
     def poc_launch(self, block_ids: list[int], block_hash: str, public_key: str, nonces: list[int],
@@ -215,10 +226,18 @@ class PocWorkerExtension:
             # far (async scheduling runs one step ahead): the forward starts after them.
             stream.wait_stream(torch.cuda.current_stream(device))
         with self._on_poc_stream(stream, carveout):
-            x, vectors = self._poc_inputs(device, block_hash, public_key, nonces, seq_len, stronger_rng, True)
-            assert x is not None
-            fwd = LayerwiseForward(self.model_runner, self.vllm_config, self.model_runner.get_model(), block_ids, x,
-                                   vectors, _reflect_output)
+            vectors = self._poc_vectors(device, block_hash)
+
+            def fill_inputs(out: torch.Tensor | None = None) -> torch.Tensor:
+                return self._poc_embeddings(device, block_hash, public_key, nonces, seq_len, stronger_rng, out)
+
+            fwd: Any = None
+            if self._poc_graphs is not None and stream is not None:
+                key = ("beside" if is_chat_running else "alone", len(nonces), seq_len)
+                fwd = self._poc_graphs.launch(key, self, block_ids, fill_inputs, vectors, _reflect_output)
+            if fwd is None:
+                fwd = LayerwiseForward(self.model_runner, self.vllm_config, self.model_runner.get_model(), block_ids,
+                                       fill_inputs(), vectors, _reflect_output)
         self._poc_in_flight = _InFlight(fwd, stream, carveout, block_hash, public_key, nonces, k_dim)
         self._poc_advance(budget_s)
 
