@@ -61,6 +61,9 @@ class Captured:
     vectors: torch.Tensor  # [num_layers, H] Householder vectors in the model dtype
     tables: list[tuple[torch.Tensor, torch.Tensor]]  # (block table, slot map) of each KV-cache group
     block_ids: list[int]  # the blocks the tables hold now
+    # Everything else the captured kernels read (positions, query start locations, sequence lengths): a graph
+    # holds only addresses, so these must live as long as it does.
+    metadata: Any = None  # poc.forward.Prefill
     last_hidden: torch.Tensor | None = None  # [B, H] float32, written by each replay
     _poc_workspace: Any = None  # its MoE workspace (compat.own_workspace), alive as long as the graph
 
@@ -152,7 +155,7 @@ class PocGraphs:
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        captured = Captured(graph, x, forward._vectors, metadata.tables, list(block_ids))
+        captured = Captured(graph, x, forward._vectors, metadata.tables, list(block_ids), metadata)
         # thread_local: only this thread's calls are checked (the engine thread queues nothing else meanwhile).
         with compat.own_workspace(captured):
             graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")

@@ -87,8 +87,8 @@ case "${1:-tests}" in
         --backend-arg=--poc-overlap --backend-arg="$mode" --backend-arg=--log-level --backend-arg=debug \
         --json "$out/overlap-$mode-$share.json" 2>&1 | quiet \
         | tail -9 | tee -a "$out/overlap.txt" || echo "overlap run $run failed" | tee -a "$out/overlap.txt"
-      grep -hE "engine_ready|poc_streams|poc_graph|poc_batch_failed|Error" /tmp/pocserve-bench-beside/backend-shared.log \
-        | tail -8 | cut -c1-600 > "$out/overlap-$mode-$share-backend.txt" || true
+      { grep -hE "poc_graph" /tmp/pocserve-bench-beside/backend-shared.log | head -4; grep -hE "engine_ready|poc_streams|poc_batch_failed|Error" /tmp/pocserve-bench-beside/backend-shared.log | tail -5; } \
+        | cut -c1-600 > "$out/overlap-$mode-$share-backend.txt" || true
       python3 - "$out/overlap-$mode-$share-backend.txt" <<'PY' || true  # the engine thread's host time per launch
 import re, statistics, sys
 rows = [(m.group(1), float(m.group(2))) for m in (re.search(r"beside_chat=(\w+) host_ms=([\d.]+)", line)
