@@ -22,6 +22,7 @@ How:
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -106,10 +107,11 @@ class PocGraphs:
         return len(self._captured)
 
     def launch(self, key: tuple, worker, block_ids: list[int], fill_inputs, vectors: torch.Tensor,
-               reflect) -> GraphedForward | None:
+               reflect, capturing=contextlib.nullcontext) -> GraphedForward | None:
         """Queues the forward of `key` on the current stream from its graph, capturing it first if this shape has
         had its eager warm-up; None where it runs eager instead: graphs off, a warm-up, or MAX_GRAPHS shapes taken.
-        `fill_inputs(out)` writes the [B, L, H] inputs into `out`; `vectors` are the per-layer vectors."""
+        `fill_inputs(out)` writes the [B, L, H] inputs into `out`; `vectors` are the per-layer vectors; a capture
+        runs inside `capturing()` (poc.streams.PocStreams.capturing)."""
         if self.off_reason is not None:
             return None
         _, num_seqs, seq_len = key
@@ -119,7 +121,8 @@ class PocGraphs:
                 self._eager[key] += 1
                 return None
             try:
-                captured = self._capture(worker, block_ids, num_seqs, seq_len, fill_inputs, vectors, reflect)
+                with capturing():
+                    captured = self._capture(worker, block_ids, num_seqs, seq_len, fill_inputs, vectors, reflect)
             except Exception as e:
                 self.off_reason = f"{type(e).__name__}: {e}"[:300]
                 log.warning("poc_graphs_off", reason=self.off_reason)

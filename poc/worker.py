@@ -234,7 +234,8 @@ class PocWorkerExtension:
             fwd: Any = None
             if self._poc_graphs is not None and stream is not None:
                 key = ("beside" if is_chat_running else "alone", len(nonces), seq_len)
-                fwd = self._poc_graphs.launch(key, self, block_ids, fill_inputs, vectors, _reflect_output)
+                fwd = self._poc_graphs.launch(key, self, block_ids, fill_inputs, vectors, _reflect_output,
+                                              lambda: self._poc_streams.capturing(is_chat_running))
             if fwd is None:
                 fwd = LayerwiseForward(self.model_runner, self.vllm_config, self.model_runner.get_model(), block_ids,
                                        fill_inputs(), vectors, _reflect_output)
