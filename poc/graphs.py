@@ -155,6 +155,10 @@ class PocGraphs:
         x = torch.empty((num_seqs, seq_len, hidden_size), dtype=cfg.model_config.dtype, device=mr.device)
         fill_inputs(x)
         forward = LayerwiseForward(mr, cfg, mr.get_model(), block_ids, x, vectors.clone(), reflect, metadata)
+        if torch.cuda.current_stream() == torch.cuda.default_stream():
+            # Checked here: torch's capture_begin raises on it only after it has marked the RNG as capturing,
+            # and every later sampling step then fails ("Offset increment outside graph capture").
+            raise GraphUnsupported("a forward cannot be captured on the default stream")
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()

@@ -57,7 +57,8 @@ class PocStreams:
             return
         self._green.set_context()
         try:
-            yield
+            with torch.cuda.stream(self.beside):  # set_context made the green context's default stream current
+                yield
         finally:
             self._green.pop_context()
 
