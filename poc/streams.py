@@ -79,7 +79,11 @@ def prepare(device: torch.device, chat_share: float) -> PocStreams:
     try:
         from torch.cuda.green_contexts import GreenContext
 
-        green = GreenContext.create(num_sms=sms, device_id=device.index or 0)
+        try:  # its own work queues: graphs queued on a shared one held chat's steps behind them
+            green = GreenContext.create(num_sms=sms, device_id=device.index or 0, workqueue_scope="balanced")
+            description["workqueue"] = "balanced"
+        except TypeError:  # torch without workqueue scopes
+            green = GreenContext.create(num_sms=sms, device_id=device.index or 0)
         beside = green.Stream()
         description["partition"] = "green_context"
         return PocStreams(alone, beside, total - sms, description, green)
