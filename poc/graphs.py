@@ -1,28 +1,32 @@
-"""Captured PoC forwards: one CUDA graph per (stream, batch shape), replayed for every later forward of that shape.
+"""Captured PoC forwards: one CUDA graph per batch shape, replayed for every later forward of that shape launched
+while chat is idle.
 
-Why: queueing the eager forward a layer at a time still cost the engine thread about 26 ms of host time per forward
-of the 0.6B shape on an H100 host (`launch host ms`, docs/benchmarks.md), a fifth of its time during a round, and
-chat's steps waited for it. A replay is one launch. The graph runs the same kernels as the eager forward it was
-captured from (a `LayerwiseForward` queued whole), so its results are the same bit for bit.
+Why: the engine thread queued the 0.6B shape's eager forward in 11 ms p50 of host time (up to 32 ms p90) on an H100
+host, during which a chat request that arrived waited; a replay is one launch (0.8 ms p50 with the inputs). Replays
+also leave no gaps between kernels: PoC alone went from 327-339 to 355 nonces/s (docs/benchmarks.md). The graph
+runs the kernels of the eager forward it was captured from (a `LayerwiseForward` queued whole), so its results are
+the same bit for bit.
+
+Not beside chat: a graph replayed on PoC's green context (captured on its stream, with or without the context
+current) ran on PoC's SMs, yet chat's steps waited for the whole graph each time (TPOT 2.2 → 97 ms); the eager
+forward queued a few layers per loop turn does not hold them (poc/worker.py).
 
 How:
 - A shape's first forward runs eager (it warms up cuBLAS's handle and workspace for the stream, Triton's compiled
-  kernels and the MoE workspace); its second is captured, on the stream it will replay on: the green context's
-  stream beside chat, with cuBLAS's SM carveout baked in, or the full-SM one while chat is idle.
+  kernels and the MoE workspace); its second is captured on the stream it will replay on, then replayed.
 - What changes between forwards is written in place before each replay, on the same stream: the inputs (generated
   straight into the graph's buffer), the Householder vectors, and the block table and slot map of the leased KV
   blocks. Only attention metadata known to read those two tensors as given (and nothing derived from them) is
   captured, `GRAPH_SAFE_METADATA`; any other backend keeps the eager forward.
-- Every graph has its own MoE workspace (vLLM's one grows by reallocating, which would leave a graph reading
-  freed memory) and they share one memory pool: one forward is in flight at a time, and a graph's output is read
-  before the next forward is launched.
+- Every graph keeps what its kernels read alive (the prefill metadata, its buffers) and has its own MoE workspace
+  (vLLM's grows by reallocating, which would leave a graph reading freed memory). Graphs share one memory pool:
+  one forward is in flight at a time, and a graph's output is read before the next forward is launched.
 - A capture that fails turns graphs off for the process, with the reason (the eager forward goes on).
   POCSERVE_POC_GRAPHS=0 turns them off from the start.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -107,11 +111,10 @@ class PocGraphs:
         return len(self._captured)
 
     def launch(self, key: tuple, worker, block_ids: list[int], fill_inputs, vectors: torch.Tensor,
-               reflect, capturing=contextlib.nullcontext) -> GraphedForward | None:
+               reflect) -> GraphedForward | None:
         """Queues the forward of `key` on the current stream from its graph, capturing it first if this shape has
         had its eager warm-up; None where it runs eager instead: graphs off, a warm-up, or MAX_GRAPHS shapes taken.
-        `fill_inputs(out)` writes the [B, L, H] inputs into `out`; `vectors` are the per-layer vectors; a capture
-        runs inside `capturing()` (poc.streams.PocStreams.capturing)."""
+        `fill_inputs(out)` writes the [B, L, H] inputs into `out`; `vectors` are the per-layer vectors."""
         if self.off_reason is not None:
             return None
         _, num_seqs, seq_len = key
@@ -121,8 +124,7 @@ class PocGraphs:
                 self._eager[key] += 1
                 return None
             try:
-                with capturing():
-                    captured = self._capture(worker, block_ids, num_seqs, seq_len, fill_inputs, vectors, reflect)
+                captured = self._capture(worker, block_ids, num_seqs, seq_len, fill_inputs, vectors, reflect)
             except Exception as e:
                 self.off_reason = f"{type(e).__name__}: {e}"[:300]
                 log.warning("poc_graphs_off", reason=self.off_reason)

@@ -47,21 +47,6 @@ class PocStreams:
     def for_launch(self, is_chat_running: bool) -> tuple[torch.cuda.Stream, int]:
         return (self.beside, self.carveout) if is_chat_running else (self.alone, 0)
 
-    @contextmanager
-    def capturing(self, is_chat_running: bool) -> Iterator[None]:
-        """Where a CUDA graph of a forward launched now is captured: a graph's kernels run in the context current
-        at capture, whatever stream replays them (captured on the green context's stream alone, they took every
-        SM: chat's TPOT 2.6 → 98 ms on an H100), so the green context is made current for a forward beside chat."""
-        if not is_chat_running or self._green is None:
-            yield
-            return
-        self._green.set_context()
-        try:
-            with torch.cuda.stream(self.beside):  # set_context made the green context's default stream current
-                yield
-        finally:
-            self._green.pop_context()
-
 
 def prepare(device: torch.device, chat_share: float) -> PocStreams:
     """Moves this thread's (chat's) work to a highest-priority stream and makes PoC's streams."""
@@ -79,11 +64,7 @@ def prepare(device: torch.device, chat_share: float) -> PocStreams:
     try:
         from torch.cuda.green_contexts import GreenContext
 
-        try:  # its own work queues: graphs queued on a shared one held chat's steps behind them
-            green = GreenContext.create(num_sms=sms, device_id=device.index or 0, workqueue_scope="balanced")
-            description["workqueue"] = "balanced"
-        except TypeError:  # torch without workqueue scopes
-            green = GreenContext.create(num_sms=sms, device_id=device.index or 0)
+        green = GreenContext.create(num_sms=sms, device_id=device.index or 0)
         beside = green.Stream()
         description["partition"] = "green_context"
         return PocStreams(alone, beside, total - sms, description, green)

@@ -232,10 +232,11 @@ class PocWorkerExtension:
                 return self._poc_embeddings(device, block_hash, public_key, nonces, seq_len, stronger_rng, out)
 
             fwd: Any = None
-            if self._poc_graphs is not None and stream is not None:
-                key = ("beside" if is_chat_running else "alone", len(nonces), seq_len)
-                fwd = self._poc_graphs.launch(key, self, block_ids, fill_inputs, vectors, _reflect_output,
-                                              lambda: self._poc_streams.capturing(is_chat_running))
+            if self._poc_graphs is not None and stream is not None and not is_chat_running:
+                # Beside chat the forward stays eager, queued a few layers per loop turn: a graph there, though
+                # on PoC's SMs, held chat's steps until it ended (poc/graphs.py).
+                key = ("alone", len(nonces), seq_len)
+                fwd = self._poc_graphs.launch(key, self, block_ids, fill_inputs, vectors, _reflect_output)
             if fwd is None:
                 fwd = LayerwiseForward(self.model_runner, self.vllm_config, self.model_runner.get_model(), block_ids,
                                        fill_inputs(), vectors, _reflect_output)

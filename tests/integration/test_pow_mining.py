@@ -245,9 +245,10 @@ def test_layerwise_forward_beside_chat_gives_the_whole_forwards_artifacts_bit_fo
 @pytest.mark.parametrize("beside_chat", [False, True], ids=["alone", "beside_chat"])
 def test_overlapped_forwards_replayed_from_a_graph_give_the_whole_forwards_artifacts(shared, overlapped,
                                                                                       beside_chat):
-    """On a CUDA engine a shape's first forward runs eager, the next is captured and replayed, and later ones replay
-    the graph with new inputs on other blocks (poc/graphs.py); on the CPU engine every one runs eager. Each must
-    give the time-sliced backend's whole forward, byte for byte. A seq_len of its own keeps the shapes fresh."""
+    """On a CUDA engine a shape's first forward launched with chat idle runs eager, the next is captured and
+    replayed, and later ones replay the graph with new inputs on other blocks (poc/graphs.py); beside chat, and on
+    the CPU engine, every one runs eager (layer-queued). Each must give the time-sliced backend's whole forward,
+    byte for byte. A seq_len of its own keeps the shapes fresh."""
     seq_len = 48 if beside_chat else 40
     batches = [[1000 * k + 3 * i for i in range(8)] for k in range(4)]
     whole = [artifacts_of(shared.pow, nonces, seq_len=seq_len, block_hash="REPLAYED") for nonces in batches]
