@@ -82,8 +82,8 @@ class BackendLoop:
         work = policy.choose_overlapped(self.snapshot())
         if work.launch_poc:
             started = time.perf_counter()
-            self.pow.launch_batch(is_chat_running, budget_s)
-            log.debug("poc_launched", beside_chat=is_chat_running,
+            self.pow.launch_batch(is_chat_running, budget_s, self.chat.is_gated)
+            log.debug("poc_launched", beside_chat=is_chat_running, chat_gated=self.chat.is_gated,
                       host_ms=round((time.perf_counter() - started) * 1000, 2))
         if work.step_chat:
             self.step_engine()

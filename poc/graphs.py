@@ -1,15 +1,15 @@
 """Captured PoC forwards: one CUDA graph per batch shape, replayed for every later forward of that shape launched
-while chat is idle.
+while chat is gated (an exclusive round).
 
 Why: the engine thread queued the 0.6B shape's eager forward in 11 ms p50 of host time (up to 32 ms p90) on an H100
-host, during which a chat request that arrived waited; a replay is one launch (0.8 ms p50 with the inputs). Replays
-also leave no gaps between kernels: PoC alone went from 327-339 to 355 nonces/s (docs/benchmarks.md). The graph
-runs the kernels of the eager forward it was captured from (a `LayerwiseForward` queued whole), so its results are
-the same bit for bit.
+host; a replay is one launch (0.8 ms p50 with the inputs), and leaves no gaps between kernels: PoC alone went from
+328-339 to 353-356 nonces/s (docs/benchmarks.md). The graph runs the kernels of the eager forward it was captured
+from (a `LayerwiseForward` queued whole), so its results are the same bit for bit.
 
-Not beside chat: a graph replayed on PoC's green context (captured on its stream, with or without the context
-current) ran on PoC's SMs, yet chat's steps waited for the whole graph each time (TPOT 2.2 → 97 ms); the eager
-forward queued a few layers per loop turn does not hold them (poc/worker.py).
+Only with chat gated: chat's steps wait for the whole of a replayed graph, even one on PoC's green context and SMs
+(captured on its stream, with or without the context current: TPOT 2.2 → 97 ms), and a chat request arriving
+during one waits for all of it; the eager forward, queued a few layers per loop turn beside chat, holds neither
+(docs/decisions.md).
 
 How:
 - A shape's first forward runs eager (it warms up cuBLAS's handle and workspace for the stream, Triton's compiled
@@ -98,7 +98,8 @@ class GraphedForward:
 
 
 class PocGraphs:
-    """One worker's captured forwards, by key: (stream kind, num_seqs, seq_len)."""
+    """One worker's captured forwards, by key: (stream kind, num_seqs, seq_len); the stream is the forward's
+    stream, its kind part of the key since a graph replays on the stream it was captured on."""
 
     def __init__(self) -> None:
         self._captured: dict[tuple, Captured] = {}

@@ -207,10 +207,12 @@ class PocWorkerExtension:
 
     @torch.inference_mode()
     def poc_launch(self, block_ids: list[int], block_hash: str, public_key: str, nonces: list[int],
-                   seq_len: int, k_dim: int, stronger_rng: bool, is_chat_running: bool, budget_s: float) -> None:
+                   seq_len: int, k_dim: int, stronger_rng: bool, is_chat_running: bool, budget_s: float,
+                   is_chat_gated: bool = False) -> None:
         """Starts queueing one forward (poc_artifacts' arguments): as many decoder layers as `budget_s` of host
         time allows, the rest in poc_poll calls, which also collect it. Beside running chat it takes only PoC's
-        share of the SMs (poc/streams.py)."""
+        share of the SMs (poc/streams.py). With chat gated (no chat can arrive while it runs) it is replayed from
+        a CUDA graph where one can be made (poc/graphs.py)."""
         if self._poc_in_flight is not None:
             raise RuntimeError("a PoC forward is already in flight")
         from poc.forward import LayerwiseForward, is_first_stage  # vLLM imports, as in _poc_last_hidden
@@ -232,9 +234,9 @@ class PocWorkerExtension:
                 return self._poc_embeddings(device, block_hash, public_key, nonces, seq_len, stronger_rng, out)
 
             fwd: Any = None
-            if self._poc_graphs is not None and stream is not None and not is_chat_running:
-                # Beside chat the forward stays eager, queued a few layers per loop turn: a graph there, though
-                # on PoC's SMs, held chat's steps until it ended (poc/graphs.py).
+            if self._poc_graphs is not None and stream is not None and is_chat_gated and not is_chat_running:
+                # Only where no chat can arrive: a replayed graph, even on PoC's SMs beside chat, held chat's
+                # steps until it ended (poc/graphs.py); eager forwards let them through.
                 key = ("alone", len(nonces), seq_len)
                 fwd = self._poc_graphs.launch(key, self, block_ids, fill_inputs, vectors, _reflect_output)
             if fwd is None:

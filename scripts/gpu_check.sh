@@ -91,7 +91,7 @@ case "${1:-tests}" in
         | cut -c1-600 > "$out/overlap-$mode-$share-backend.txt" || true
       python3 - "$out/overlap-$mode-$share-backend.txt" <<'PY' || true  # the engine thread's host time per launch
 import re, statistics, sys
-rows = [(m.group(1), float(m.group(2))) for m in (re.search(r"beside_chat=(\w+) host_ms=([\d.]+)", line)
+rows = [(m.group(1), float(m.group(2))) for m in (re.search(r"beside_chat=(\w+) .*?host_ms=([\d.]+)", line)
         for line in open("/tmp/pocserve-bench-beside/backend-shared.log")) if m]
 with open(sys.argv[1], "a") as out:
     for beside in ("True", "False"):

@@ -88,11 +88,13 @@ class PocRunner:
         self.num_nonces += len(nonces)
         return [(int(n), str(v)) for n, v in result], len(nonces)
 
-    def launch(self, job: ArtifactJob, nonces: list[int], is_chat_running: bool, budget_s: float) -> int:
+    def launch(self, job: ArtifactJob, nonces: list[int], is_chat_running: bool, budget_s: float,
+               is_chat_gated: bool = False) -> int:
         """Starts one forward over a prefix of `nonces` (as `run`) beside chat's steps and returns how many it
         took: the workers queue its first decoder layers in `budget_s` of host time, `poll` the rest and then
         collects it. Its blocks stay leased until then, whatever `release` is asked. Beside running chat the
-        forward takes only PoC's share of the device (poc/streams.py)."""
+        forward takes only PoC's share of the device (poc/streams.py); with chat gated (an exclusive round: no
+        chat can arrive meanwhile) it may be replayed from a CUDA graph (poc/graphs.py)."""
         assert self._in_flight is None, "one PoC forward in flight at a time"
         nonces, block_ids = self._lease_for(job, nonces)
         spec = job.spec
@@ -100,7 +102,7 @@ class PocRunner:
             self._core.collective_rpc(
                 "poc_launch", timeout=vllm_envs.VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS,
                 args=(block_ids, spec.block_hash, spec.public_key, list(nonces), spec.seq_len, spec.k_dim,
-                      spec.stronger_rng, is_chat_running, budget_s))
+                      spec.stronger_rng, is_chat_running, budget_s, is_chat_gated))
         except BaseException:
             self.release()
             raise

@@ -127,13 +127,13 @@ class ArtifactQueue:
     def is_in_flight(self) -> bool:
         return self._in_flight is not None
 
-    def launch_batch(self, is_chat_running: bool, budget_s: float) -> None:
+    def launch_batch(self, is_chat_running: bool, budget_s: float, is_chat_gated: bool = False) -> None:
         """Starts a whole forward of the next task beside chat's steps, queueing what `budget_s` of host time
-        allows; `poll_batch` queues the rest and finishes it."""
+        allows; `poll_batch` queues the rest and finishes it. `is_chat_gated`: no chat can arrive while it runs."""
         assert self._in_flight is None, "one forward in flight at a time"
         is_job, task, batch = self._take(None)
         try:
-            num_run = self._runner.launch(task.job, batch, is_chat_running, budget_s)
+            num_run = self._runner.launch(task.job, batch, is_chat_running, budget_s, is_chat_gated)
         except NoFreeBlocks as e:
             self._wait_for_blocks(e)
             return

@@ -111,8 +111,8 @@ class PowService:
         """A forward launched beside chat has not been polled back yet."""
         return self.artifacts.is_in_flight
 
-    def launch_batch(self, is_chat_running: bool, budget_s: float) -> None:
-        self.artifacts.launch_batch(is_chat_running, budget_s)
+    def launch_batch(self, is_chat_running: bool, budget_s: float, is_chat_gated: bool = False) -> None:
+        self.artifacts.launch_batch(is_chat_running, budget_s, is_chat_gated)
 
     def poll_batch(self, wait: bool, budget_s: float) -> None:
         self.artifacts.poll_batch(wait, budget_s)

@@ -9,7 +9,6 @@ exclusive), §9.2–9.3 (what the node's dapi sends and receives).
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 import uuid
@@ -242,18 +241,30 @@ def test_layerwise_forward_beside_chat_gives_the_whole_forwards_artifacts_bit_fo
     assert layerwise == whole
 
 
-@pytest.mark.parametrize("beside_chat", [False, True], ids=["alone", "beside_chat"])
-def test_overlapped_forwards_replayed_from_a_graph_give_the_whole_forwards_artifacts(shared, overlapped,
-                                                                                      beside_chat):
-    """On a CUDA engine a shape's first forward launched with chat idle runs eager, the next is captured and
-    replayed, and later ones replay the graph with new inputs on other blocks (poc/graphs.py); beside chat, and on
-    the CPU engine, every one runs eager (layer-queued). Each must give the time-sliced backend's whole forward,
-    byte for byte. A seq_len of its own keeps the shapes fresh."""
-    seq_len = 48 if beside_chat else 40
+@pytest.fixture(scope="module")
+def overlapped_exclusive(model_dir, tmp_path_factory):
+    """The overlapped loop in exclusive mode: chat is gated during a round, so on a CUDA engine a shape's forwards
+    after its first are replayed from a CUDA graph (poc/graphs.py)."""
+    server = Server.start(model_dir, tmp_path_factory.mktemp("pow-overlapped-exclusive"), "--scheduling-mode",
+                          "exclusive", "--poc-overlap", "on", "--callback-interval-s", "0.5")
+    yield server
+    server.stop()
+
+
+def test_jobs_in_an_exclusive_overlapped_round_give_the_whole_forwards_artifacts(shared, overlapped_exclusive,
+                                                                                 receiver):
+    """Jobs run inside the round, with chat gated: on a CUDA engine their forwards (and the round's, of the same
+    shape) are eager once, then captured, then replayed with new inputs on other blocks; on the CPU engine they run
+    eager (the launch/poll path). Each must give the time-sliced backend's whole forward byte for byte."""
     batches = [[1000 * k + 3 * i for i in range(8)] for k in range(4)]
-    whole = [artifacts_of(shared.pow, nonces, seq_len=seq_len, block_hash="REPLAYED") for nonces in batches]
-    with chat_holding_poc(overlapped.base_url) if beside_chat else contextlib.nullcontext():
-        replayed = [artifacts_of(overlapped.pow, nonces, seq_len=seq_len, block_hash="REPLAYED") for nonces in batches]
+    whole = [artifacts_of(shared.pow, nonces, block_hash="REPLAYED") for nonces in batches]
+    pow_url = overlapped_exclusive.pow
+    try:
+        assert init(pow_url, **node(block_hash="REPLAYED", block_height=779), url=receiver.url).status_code == 200
+        replayed = [artifacts_of(pow_url, nonces, block_hash="REPLAYED") for nonces in batches]
+        assert status(pow_url)["status"] == "GENERATING"  # the jobs ran inside the round
+    finally:
+        stop(pow_url)
     assert replayed == whole
 
 

@@ -159,11 +159,13 @@ class LaunchingRunner(FakeRunner):
         self.launched: tuple[str, list[int]] | None = None
         self.finished = False
 
-    def launch(self, job: ArtifactJob, nonces: list[int], is_chat_running: bool, budget_s: float) -> int:
+    def launch(self, job: ArtifactJob, nonces: list[int], is_chat_running: bool, budget_s: float,
+               is_chat_gated: bool = False) -> int:
         if self.blocked:
             raise NoFreeBlocks("all blocks in use")
         assert self.launched is None
         self.launched = (job.spec.block_hash, nonces)
+        self.gated = is_chat_gated
         return len(nonces)
 
     def poll(self, wait: bool = False, budget_s: float = 0.0):
@@ -176,6 +178,14 @@ class LaunchingRunner(FakeRunner):
             raise RuntimeError("worker failed")
         self.forwards.append((name, len(nonces)))
         return [(n, f"v{n}") for n in nonces]
+
+
+def test_artifact_queue_launch_passes_on_whether_chat_is_gated():
+    runner = LaunchingRunner()
+    queue = ArtifactQueue(runner)
+    queue.submit(_task("mining", 4)[0])
+    queue.launch_batch(is_chat_running=False, budget_s=float("inf"), is_chat_gated=True)
+    assert runner.gated is True
 
 
 def test_artifact_queue_launched_forward_finishes_its_task_when_polled_done():

@@ -36,6 +36,7 @@ class FakeCore:
         if method == "poc_launch":
             self.forwards.append(list(args[0]))
             self.launched = list(args[3])
+            self.launch_flags = tuple(args[7:])  # (is_chat_running, budget_s, is_chat_gated)
             return [None]
         if method == "poc_poll":
             if self.fail:
@@ -110,6 +111,18 @@ def test_a_launched_forward_keeps_its_blocks_until_polled_back():
     assert runner.num_nonces == 8
     runner.release()
     assert core.pool.get_num_free_blocks() == free
+
+
+def test_a_launch_tells_the_workers_whether_chat_runs_and_whether_it_is_gated():
+    """The workers choose the stream from the first and whether a CUDA graph may replay it from the last."""
+    core = FakeCore(num_blocks=65)
+    runner = PocRunner(core, max_num_seqs=8, max_batch_tokens=8 * SEQ_LEN)
+    runner.launch(job(4), list(range(4)), is_chat_running=False, budget_s=float("inf"), is_chat_gated=True)
+    assert core.launch_flags == (False, float("inf"), True)
+    core.finished = True
+    runner.poll()
+    runner.launch(job(4), list(range(4)), is_chat_running=True, budget_s=0.001)
+    assert core.launch_flags == (True, 0.001, False)
 
 
 def test_a_launch_takes_what_the_free_blocks_allow_and_a_failed_poll_returns_them():
