@@ -49,7 +49,7 @@ MAX_GRAPHS = 8
 
 
 def enabled() -> bool:
-    """POCSERVE_POC_GRAPHS=0 keeps every forward beside chat eager (layer-queued)."""
+    """POCSERVE_POC_GRAPHS=0 keeps every PoC forward eager."""
     return os.environ.get("POCSERVE_POC_GRAPHS", "1") != "0"
 
 
