@@ -6,10 +6,9 @@ host; a replay is one launch (0.8 ms p50 with the inputs), and leaves no gaps be
 328-339 to 353-356 nonces/s (docs/benchmarks.md). The graph runs the kernels of the eager forward it was captured
 from (a `LayerwiseForward` queued whole), so its results are the same bit for bit.
 
-Only with chat gated: chat's steps wait for the whole of a replayed graph, even one on PoC's green context and SMs
-(captured on its stream, with or without the context current: TPOT 2.2 → 97 ms), and a chat request arriving
-during one waits for all of it; the eager forward, queued a few layers per loop turn beside chat, holds neither
-(docs/decisions.md).
+Only with chat gated, for now: replays beside chat measured TPOT 2.2 → 97 ms, but those runs had a bug (poc_poll
+read a replayed forward's artifacts at once, so the engine thread blocked until the forward ended), fixed since and
+not measured again; until it is, graphs run only where no chat can arrive (docs/decisions.md).
 
 How:
 - A shape's first forward runs eager (it warms up cuBLAS's handle and workspace for the stream, Triton's compiled

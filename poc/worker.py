@@ -235,8 +235,7 @@ class PocWorkerExtension:
 
             fwd: Any = None
             if self._poc_graphs is not None and stream is not None and is_chat_gated and not is_chat_running:
-                # Only where no chat can arrive: a replayed graph, even on PoC's SMs beside chat, held chat's
-                # steps until it ended (poc/graphs.py); eager forwards let them through.
+                # Only where no chat can arrive, until replays beside chat are measured again (poc/graphs.py).
                 key = ("alone", len(nonces), seq_len)
                 fwd = self._poc_graphs.launch(key, self, block_ids, fill_inputs, vectors, _reflect_output)
             if fwd is None:
@@ -266,16 +265,17 @@ class PocWorkerExtension:
         """Queues layers of the forward in flight for `budget_s`; True once all are queued (its event recorded)."""
         f = self._poc_in_flight
         assert f is not None
-        if f.forward.is_queued:
-            return True
-        try:
-            with self._on_poc_stream(f.stream, f.carveout):
-                if not f.forward.advance(budget_s):
-                    return False
-        except BaseException:
-            self._poc_in_flight = None  # a failed forward is dropped; the engine thread fails its task
-            raise
-        if f.stream is not None:
+        if not f.forward.is_queued:
+            try:
+                with self._on_poc_stream(f.stream, f.carveout):
+                    if not f.forward.advance(budget_s):
+                        return False
+            except BaseException:
+                self._poc_in_flight = None  # a failed forward is dropped; the engine thread fails its task
+                raise
+        # Also for a forward queued whole at launch (a graph replay): without the event, poc_poll would read its
+        # artifacts at once, the engine thread blocking in their copy until the forward ends.
+        if f.stream is not None and f.done is None:
             f.done = torch.cuda.Event()
             f.done.record(f.stream)
         return True

@@ -68,3 +68,32 @@ def test_poc_worker_layer_range_is_none_without_a_layer_list():
     stage = _stage(4, 2, 4)
     worker.model_runner = types.SimpleNamespace(get_model=lambda: stage)
     assert worker.poc_layer_range() == (2, 4)
+
+
+class Event:
+    """torch.cuda.Event's part poc_poll uses."""
+
+    def __init__(self) -> None:
+        self.stream, self.is_done = None, False
+
+    def record(self, stream) -> None:
+        self.stream = stream
+
+    def query(self) -> bool:
+        return self.is_done
+
+
+def test_poc_worker_poll_waits_for_a_forward_queued_whole_at_launch(monkeypatch):
+    """A graph replay is queued whole by poc_launch; poll must still answer "running" until its event says done,
+    not read the artifacts at once (which blocks the engine thread until the forward ends)."""
+    from poc.graphs import GraphedForward
+    from poc.worker import _InFlight
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    worker = PocWorkerExtension()
+    stream = object()
+    worker._poc_in_flight = _InFlight(GraphedForward(torch.zeros(2, HIDDEN)), stream, 0, "h", "pk", [1, 2], 4)
+    assert worker.poc_poll(wait=False, budget_s=0.001) == (False, None)
+    done = worker._poc_in_flight.done
+    assert done.stream is stream
+    assert worker.poc_poll(wait=False, budget_s=0.001) == (False, None) and worker._poc_in_flight.done is done
