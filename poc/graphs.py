@@ -63,11 +63,10 @@ class Captured:
     graph: Any  # torch.cuda.CUDAGraph
     x: torch.Tensor  # [B, L, H] inputs, written before each replay
     vectors: torch.Tensor  # [num_layers, H] Householder vectors in the model dtype
-    tables: list[tuple[torch.Tensor, torch.Tensor]]  # (block table, slot map) of each KV-cache group
-    block_ids: list[int]  # the blocks the tables hold now
-    # Everything else the captured kernels read (positions, query start locations, sequence lengths): a graph
-    # holds only addresses, so these must live as long as it does.
-    metadata: Any = None  # poc.forward.Prefill
+    # poc.forward.Prefill: its device block tables and slot maps are rewritten for other blocks; the rest
+    # (positions, query start locations, sequence lengths) must live as long as the graph, which holds addresses.
+    metadata: Any
+    block_ids: list[int]  # the blocks its tables hold now
     last_hidden: torch.Tensor | None = None  # [B, H] float32, written by each replay
     _poc_workspace: Any = None  # its MoE workspace (compat.own_workspace), alive as long as the graph
 
@@ -75,7 +74,7 @@ class Captured:
         """Queues the forward on the current stream; `tables` (host, as poc.forward.block_tables) when the leased
         blocks changed since the last replay."""
         if tables is not None:
-            for pair, host_pair in zip(self.tables, tables, strict=True):
+            for pair, host_pair in zip(self.metadata.tables, tables, strict=True):
                 for dst, src in zip(pair, host_pair, strict=True):
                     # Pinned + non_blocking: no wait for the device (torch keeps the pinned source alive).
                     dst.copy_(src.pin_memory() if dst.is_cuda else src, non_blocking=dst.is_cuda)
@@ -150,6 +149,10 @@ class PocGraphs:
         """Captures the forward on the current stream (nothing runs yet) with the inputs already in its buffers."""
         from poc.forward import LayerwiseForward, prefill
 
+        if torch.cuda.current_stream() == torch.cuda.default_stream():
+            # Checked first: torch's capture_begin raises on it only after it has marked the RNG as capturing,
+            # and every later sampling step then fails ("Offset increment outside graph capture").
+            raise GraphUnsupported("a forward cannot be captured on the default stream")
         mr, cfg = worker.model_runner, worker.vllm_config
         metadata = prefill(mr, cfg, block_ids, num_seqs, seq_len)
         check_capturable(metadata)
@@ -157,14 +160,10 @@ class PocGraphs:
         x = torch.empty((num_seqs, seq_len, hidden_size), dtype=cfg.model_config.dtype, device=mr.device)
         fill_inputs(x)
         forward = LayerwiseForward(mr, cfg, mr.get_model(), block_ids, x, vectors.clone(), reflect, metadata)
-        if torch.cuda.current_stream() == torch.cuda.default_stream():
-            # Checked here: torch's capture_begin raises on it only after it has marked the RNG as capturing,
-            # and every later sampling step then fails ("Offset increment outside graph capture").
-            raise GraphUnsupported("a forward cannot be captured on the default stream")
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        captured = Captured(graph, x, forward._vectors, metadata.tables, list(block_ids), metadata)
+        captured = Captured(graph, x, forward._vectors, metadata, list(block_ids))
         # thread_local: only this thread's calls are checked (the engine thread queues nothing else meanwhile).
         with compat.own_workspace(captured):
             graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")

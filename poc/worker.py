@@ -234,7 +234,7 @@ class PocWorkerExtension:
                 return self._poc_embeddings(device, block_hash, public_key, nonces, seq_len, stronger_rng, out)
 
             fwd: Any = None
-            if self._poc_graphs is not None and stream is not None and is_chat_gated and not is_chat_running:
+            if self._poc_graphs is not None and is_chat_gated and not is_chat_running:
                 # Only where no chat can arrive, until replays beside chat are measured again (poc/graphs.py).
                 key = ("alone", len(nonces), seq_len)
                 fwd = self._poc_graphs.launch(key, self, block_ids, fill_inputs, vectors, _reflect_output)

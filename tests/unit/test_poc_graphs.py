@@ -26,8 +26,8 @@ class Graph:
 
 def _captured(block_ids: list[int]) -> Captured:
     tables = [(torch.zeros(B, 2, dtype=torch.int32), torch.zeros(B * L, dtype=torch.int64))]
-    return Captured(Graph(), torch.zeros(B, L, H), torch.zeros(LAYERS, H), tables, list(block_ids),
-                    last_hidden=torch.zeros(B, H))
+    return Captured(Graph(), torch.zeros(B, L, H), torch.zeros(LAYERS, H), types.SimpleNamespace(tables=tables),
+                    list(block_ids), last_hidden=torch.zeros(B, H))
 
 
 class Graphs(PocGraphs):
@@ -113,7 +113,7 @@ def test_a_replay_rewrites_inputs_vectors_and_only_changed_block_tables(monkeypa
     assert asked == [] and bool((captured.x == 2.0).all()) and bool((captured.vectors == 2.0).all())
     launch([9, 8, 7, 6], 3.0)
     assert asked == [[9, 8, 7, 6]] and captured.block_ids == [9, 8, 7, 6]
-    assert captured.tables[0][0].tolist() == [[9, 8], [7, 6]] and int(captured.tables[0][1][0]) == 9
+    assert captured.metadata.tables[0][0].tolist() == [[9, 8], [7, 6]] and int(captured.metadata.tables[0][1][0]) == 9
     launch([9, 8, 7, 6], 4.0)
     assert asked == [[9, 8, 7, 6]] and bool((captured.x == 4.0).all())
 
