@@ -52,6 +52,12 @@ def enabled() -> bool:
     return os.environ.get("POCSERVE_POC_GRAPHS", "1") != "0"
 
 
+def beside_chat() -> bool:
+    """POCSERVE_POC_GRAPHS=all replays graphs in shared mode too: beside running chat (a graph captured on PoC's
+    share of the SMs) and with chat idle but not gated."""
+    return os.environ.get("POCSERVE_POC_GRAPHS", "1") == "all"
+
+
 class GraphUnsupported(Exception):
     """This model's forward cannot be captured safely."""
 

@@ -203,7 +203,7 @@ class PocWorkerExtension:
         self._poc_streams = streams.prepare(device, chat_share)
         if graphs.enabled():
             self._poc_graphs = graphs.PocGraphs()
-        return {**self._poc_streams.description, "graphs": graphs.enabled()}
+        return {**self._poc_streams.description, "graphs": graphs.enabled(), "graphs_beside_chat": graphs.beside_chat()}
 
     @torch.inference_mode()
     def poc_launch(self, block_ids: list[int], block_hash: str, public_key: str, nonces: list[int],
@@ -234,9 +234,9 @@ class PocWorkerExtension:
                 return self._poc_embeddings(device, block_hash, public_key, nonces, seq_len, stronger_rng, out)
 
             fwd: Any = None
-            if self._poc_graphs is not None and is_chat_gated and not is_chat_running:
-                # Only where no chat can arrive, until replays beside chat are measured again (poc/graphs.py).
-                key = ("alone", len(nonces), seq_len)
+            if self._poc_graphs is not None and ((is_chat_gated and not is_chat_running) or graphs.beside_chat()):
+                # Beside chat only where asked, until replays there are measured again (poc/graphs.py).
+                key = ("beside" if is_chat_running else "alone", len(nonces), seq_len)
                 fwd = self._poc_graphs.launch(key, self, block_ids, fill_inputs, vectors, _reflect_output)
             if fwd is None:
                 fwd = LayerwiseForward(self.model_runner, self.vllm_config, self.model_runner.get_model(), block_ids,

@@ -79,17 +79,23 @@ case "${1:-tests}" in
   bench-serving) bench_serving ;;
   bench-beside) bench_beside ;;
   round) bench_serving; bench_beside ;;
-  overlap)  # RUNS="MODE:SHARE ..." (default: auto:0.5 off:0.5); TESTS=0 skips the tests
+  overlap)  # RUNS="MODE:SHARE[:GRAPHS] ..." (default: auto:0.5 off:0.5; GRAPHS sets POCSERVE_POC_GRAPHS, default 1);
+            # TESTS=0 skips the tests
     for run in ${RUNS:-auto:0.5 off:0.5}; do
-      mode=${run%%:*}; share=${run#*:}
+      mode=${run%%:*}; rest=${run#*:}; share=${rest%%:*}; graphs=1
+      [ "$rest" != "$share" ] && graphs=${rest#*:}
+      tag=$mode-$share; [ "$graphs" != 1 ] && tag=$tag-graphs_$graphs
+      rm -f /tmp/pocserve-bench-beside/backend-shared.log
+      echo "run $run: POCSERVE_POC_GRAPHS=$graphs" | tee -a "$out/overlap.txt"
+      POCSERVE_POC_GRAPHS=$graphs \
       python3 -m bench.beside_mining --part chat --shape qwen3-0.6b --seq-len 1024 --batch-size 32 --streams 16 \
         --max-tokens 128 --seconds 15 --chat-share "$share" --gpu-memory-utilization 0.5 \
         --backend-arg=--poc-overlap --backend-arg="$mode" --backend-arg=--log-level --backend-arg=debug \
-        --json "$out/overlap-$mode-$share.json" 2>&1 | quiet \
+        --json "$out/overlap-$tag.json" 2>&1 | quiet \
         | tail -9 | tee -a "$out/overlap.txt" || echo "overlap run $run failed" | tee -a "$out/overlap.txt"
       { grep -hE "poc_graph" /tmp/pocserve-bench-beside/backend-shared.log | head -4; grep -hE "engine_ready|poc_streams|poc_batch_failed|Error" /tmp/pocserve-bench-beside/backend-shared.log | tail -5; } \
-        | cut -c1-600 > "$out/overlap-$mode-$share-backend.txt" || true
-      python3 - "$out/overlap-$mode-$share-backend.txt" <<'PY' || true  # the engine thread's host time per launch
+        | cut -c1-600 > "$out/overlap-$tag-backend.txt" || true
+      python3 - "$out/overlap-$tag-backend.txt" <<'PY' || true  # the engine thread's host time per launch
 import re, statistics, sys
 rows = [(m.group(1), float(m.group(2))) for m in (re.search(r"beside_chat=(\w+) .*?host_ms=([\d.]+)", line)
         for line in open("/tmp/pocserve-bench-beside/backend-shared.log")) if m]
