@@ -69,9 +69,10 @@ class BackendLoop:
         self.on_timer()
 
     def run_once_overlapped(self) -> None:
-        """PoC forwards run beside engine steps: launch one, step chat meanwhile, collect it when it is done."""
+        """PoC forwards run beside engine steps: launch one (and the next behind it), step chat meanwhile, collect
+        each when it is done."""
         in_flight = self.pow.is_in_flight
-        can_act = self.chat.has_work() or (self.pow.has_work() and not in_flight)
+        can_act = self.chat.has_work() or (self.pow.has_work() and (not in_flight or self.pow.has_slot))
         self.ingest(block=not can_act, timeout_s=_POLL_S if in_flight else _IDLE_WAIT_S)
         is_chat_running = self.chat.has_work() or self.chat.is_preparing()
         budget_s = POC_LAUNCH_SLICE_S if is_chat_running else float("inf")
@@ -82,7 +83,7 @@ class BackendLoop:
         work = policy.choose_overlapped(self.snapshot())
         if work.launch_poc:
             started = time.perf_counter()
-            self.pow.launch_batch(is_chat_running, budget_s, self.chat.is_gated)
+            self.pow.launch_batch(is_chat_running, budget_s)
             log.debug("poc_launched", beside_chat=is_chat_running, chat_gated=self.chat.is_gated,
                       host_ms=round((time.perf_counter() - started) * 1000, 2))
         if work.step_chat:
@@ -98,7 +99,8 @@ class BackendLoop:
             has_engine_work=self.chat.has_work(), is_chat_preparing=self.chat.is_preparing(),
             is_chat_gated=self.chat.is_gated, has_poc_work=self.pow.has_batch(),
             is_poc_blocked=self.pow.is_blocked, poc_credit_s=self.share.credit_s, poc_cost=cost,
-            poc_max_batch=max_batch, is_poc_in_flight=self.pow.is_in_flight, chat_share=self.share.share)
+            poc_max_batch=max_batch, is_poc_in_flight=self.pow.is_in_flight, has_poc_slot=self.pow.has_slot,
+            chat_share=self.share.share)
 
     def ingest(self, block: bool, timeout_s: float = _IDLE_WAIT_S) -> None:
         try:

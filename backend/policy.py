@@ -42,6 +42,9 @@ class Snapshot:
     poc_max_batch: int = 0
     # A PoC forward launched beside chat steps is still running (forwards overlap chat; choose_overlapped).
     is_poc_in_flight: bool = False
+    # Another forward may be launched behind those in flight (a slot free, the newest wholly queued, a batch none
+    # of them holds).
+    has_poc_slot: bool = False
     # Chat's share setting (choose_overlapped reads only its ends, 0 and 1).
     chat_share: float = 0.5
 
@@ -104,11 +107,13 @@ class Overlapped:
 
 def choose_overlapped(s: Snapshot) -> Overlapped:
     """Between the share's ends the share is not spent here: it sized the SM partition a forward beside chat runs
-    on (poc/streams.py), so PoC keeps one whole forward going while it has work. Share 1: a forward starts only
-    while chat is idle (one that chat then joins runs on beside it). Share 0: chat steps only while PoC is idle,
-    or to free the KV blocks PoC waits for."""
+    on (poc/streams.py), so PoC keeps a forward running, and the next queued behind it, while it has work. Share
+    1: a forward starts only while chat is idle, and none behind it (chat joining it waits for one forward at
+    most). Share 0: chat steps only while PoC is idle, or to free the KV blocks PoC waits for."""
     is_chat_active = s.has_engine_work or s.is_chat_preparing
-    poc_ready = s.has_poc_work and not s.is_poc_in_flight and not (s.is_poc_blocked and s.has_engine_work)
+    has_slot = s.has_poc_slot and (s.chat_share < 1.0 or s.is_chat_gated)
+    poc_ready = (s.has_poc_work and (not s.is_poc_in_flight or has_slot)
+                 and not (s.is_poc_blocked and s.has_engine_work))
     launch = poc_ready and (s.chat_share < 1.0 or s.is_chat_gated or not is_chat_active)
     poc_busy = s.is_poc_in_flight or launch or (s.has_poc_work and not s.is_poc_blocked)
     step = s.has_engine_work and (s.chat_share > 0.0 or not poc_busy)

@@ -124,6 +124,10 @@ class BackendSettings:
                                "auto = on a CUDA engine of one rank (TP x PP = 1), on = also on a CPU engine (each "
                                "layer then runs when queued, with no overlap: for tests), off = time-slicing",
                                choices=("auto", "on", "off"))
+    poc_forwards_in_flight: int = setting("POCSERVE_POC_FORWARDS_IN_FLIGHT", 2,
+                                          "overlapped (--poc-overlap), PoC forwards launched at once: 2 = the next "
+                                          "queued behind the one running, so the device does not wait between them "
+                                          "for the engine thread; 1 = one at a time", type=int)
     fault_fail_on_step: int = setting("POCSERVE_FAULT_FAIL_ON_STEP", 0,
                                       "fault injection for tests: the engine raises on this step (0 = never)")
     log_format: str = log_format_setting()
@@ -165,6 +169,9 @@ def _check(s: BackendSettings) -> None:
         raise SettingsError(f"--master-port / POCSERVE_MASTER_PORT must be a port number, got {s.master_port}")
     if not 0.0 <= s.chat_share <= 1.0:
         raise SettingsError(f"--chat-share / POCSERVE_CHAT_SHARE must be in [0, 1], got {s.chat_share}")
+    if s.poc_forwards_in_flight not in (1, 2):
+        raise SettingsError(f"--poc-forwards-in-flight / POCSERVE_POC_FORWARDS_IN_FLIGHT must be 1 or 2, got "
+                            f"{s.poc_forwards_in_flight}")
     if s.poc_overlap == "on" and s.tensor_parallel_size * s.pipeline_parallel_size > 1:
         # Both streams' collectives would share one communicator (and vLLM's custom all-reduce buffers).
         raise SettingsError("--poc-overlap / POCSERVE_POC_OVERLAP on needs one rank (tensor x pipeline parallel "

@@ -1,14 +1,11 @@
-"""Captured PoC forwards: one CUDA graph per batch shape, replayed for every later forward of that shape launched
-while chat is gated (an exclusive round).
+"""Captured PoC forwards: one CUDA graph per batch shape and stream, replayed for every later forward of that shape.
 
-Why: the engine thread queued the 0.6B shape's eager forward in 11 ms p50 of host time (up to 32 ms p90) on an H100
-host; a replay is one launch (0.8 ms p50 with the inputs), and leaves no gaps between kernels: PoC alone went from
-328-339 to 353-356 nonces/s (docs/benchmarks.md). The graph runs the kernels of the eager forward it was captured
-from (a `LayerwiseForward` queued whole), so its results are the same bit for bit.
-
-Only with chat gated, for now: replays beside chat measured TPOT 2.2 → 97 ms, but those runs had a bug (poc_poll
-read a replayed forward's artifacts at once, so the engine thread blocked until the forward ended), fixed since and
-not measured again; until it is, graphs run only where no chat can arrive (docs/decisions.md).
+Why: the engine thread queued the 0.6B shape's eager forward in 11 ms p50 of host time with chat idle (up to 32 ms
+p90), and in ~26 ms of 1.5 ms slices beside chat; a replay is one launch (0.8-1.0 ms p50 with the inputs), and
+leaves no gaps between kernels. On an H100 (docs/benchmarks.md, 2026-11-26): PoC alone 328-339 → 353-356
+nonces/s; beside 16 streaming chats at share 0.3, chat 0.80 → 0.85x its idle rate, PoC 0.71 → 0.76x its rate
+alone and TPOT p99 1.56 → 1.05x idle, against the eager forward in the same lease. The graph runs the kernels of
+the eager forward it was captured from (a `LayerwiseForward` queued whole), so its results are the same bit for bit.
 
 How:
 - A shape's first forward runs eager (it warms up cuBLAS's handle and workspace for the stream, Triton's compiled
@@ -19,7 +16,8 @@ How:
   captured, `GRAPH_SAFE_METADATA`; any other backend keeps the eager forward.
 - Every graph keeps what its kernels read alive (the prefill metadata, its buffers) and has its own MoE workspace
   (vLLM's grows by reallocating, which would leave a graph reading freed memory). Graphs share one memory pool:
-  one forward is in flight at a time, and a graph's output is read before the next forward is launched.
+  forwards run one after another, and a replay's output is read, or copied out on its stream, before the next
+  forward is launched.
 - A capture that fails turns graphs off for the process, with the reason (the eager forward goes on).
   POCSERVE_POC_GRAPHS=0 turns them off from the start.
 """
@@ -50,12 +48,6 @@ MAX_GRAPHS = 8
 def enabled() -> bool:
     """POCSERVE_POC_GRAPHS=0 keeps every PoC forward eager."""
     return os.environ.get("POCSERVE_POC_GRAPHS", "1") != "0"
-
-
-def beside_chat() -> bool:
-    """POCSERVE_POC_GRAPHS=all replays graphs in shared mode too: beside running chat (a graph captured on PoC's
-    share of the SMs) and with chat idle but not gated."""
-    return os.environ.get("POCSERVE_POC_GRAPHS", "1") == "all"
 
 
 class GraphUnsupported(Exception):
@@ -95,7 +87,8 @@ class GraphedForward:
     is_queued = True
 
     def __init__(self, last_hidden: torch.Tensor) -> None:
-        self.last_hidden = last_hidden
+        self.last_hidden = last_hidden  # the graph's buffer, until poc/worker.py copies it out
+        self.is_copied = False
 
     def advance(self, budget_s: float) -> bool:
         return True

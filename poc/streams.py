@@ -39,6 +39,8 @@ class PocStreams:
     alone: torch.cuda.Stream
     # PoC's SMs only: forwards launched beside chat (the `alone` stream where no partition could be made).
     beside: torch.cuda.Stream
+    # Every SM, chat's priority: a finished forward's artifacts, computed while the next forward runs.
+    collect: torch.cuda.Stream
     # SMs cuBLAS leaves free while a forward beside chat launches (0: none).
     carveout: int = 0
     description: dict = field(default_factory=dict)
@@ -56,21 +58,22 @@ def prepare(device: torch.device, chat_share: float) -> PocStreams:
     # CUDA graphs replay on whatever stream is current, with that stream's priority.
     torch.cuda.set_stream(torch.cuda.Stream(device, priority=high))
     alone = torch.cuda.Stream(device, priority=low)
+    collect = torch.cuda.Stream(device, priority=high)
     total = torch.cuda.get_device_properties(device).multi_processor_count
     sms = poc_sms(total, chat_share)
     description: dict = {"total_sms": total, "poc_sms_beside_chat": sms}
     if sms is None:
-        return PocStreams(alone, alone, 0, description)
+        return PocStreams(alone, alone, collect, 0, description)
     try:
         from torch.cuda.green_contexts import GreenContext
 
         green = GreenContext.create(num_sms=sms, device_id=device.index or 0)
         beside = green.Stream()
         description["partition"] = "green_context"
-        return PocStreams(alone, beside, total - sms, description, green)
+        return PocStreams(alone, beside, collect, total - sms, description, green)
     except Exception as e:  # torch or the driver without green contexts: cuBLAS's target still holds
         description["partition"] = f"cublas_only ({type(e).__name__}: {e})"[:300]
-        return PocStreams(alone, alone, total - sms, description)
+        return PocStreams(alone, alone, collect, total - sms, description)
 
 
 @contextmanager

@@ -16,7 +16,8 @@ Invariants (each one cost someone invalid votes, see ARCHITECTURE §9):
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from collections import deque
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,8 +119,14 @@ class PocWorkerExtension:
     _poc_streams: Any = None
     # Set with the streams unless POCSERVE_POC_GRAPHS=0: the captured forwards (poc/graphs.py).
     _poc_graphs: graphs.PocGraphs | None = None
-    # The launched forward until poc_poll collects it.
-    _poc_in_flight: _InFlight | None = None
+
+    @property
+    def _poc_in_flight(self) -> deque[_InFlight]:
+        """Forwards launched and not yet collected by poc_poll, oldest first (the engine keeps at most two)."""
+        flights = self.__dict__.get("_poc_flights")
+        if flights is None:
+            flights = self.__dict__["_poc_flights"] = deque()
+        return flights
 
     def _householder(self, block_hash: str, num_layers: int, hidden_size: int, device) -> torch.Tensor:
         """The round's per-layer vectors, cached: they depend only on the block hash (spec §1.7)."""
@@ -203,27 +210,34 @@ class PocWorkerExtension:
         self._poc_streams = streams.prepare(device, chat_share)
         if graphs.enabled():
             self._poc_graphs = graphs.PocGraphs()
-        return {**self._poc_streams.description, "graphs": graphs.enabled(), "graphs_beside_chat": graphs.beside_chat()}
+        return {**self._poc_streams.description, "graphs": graphs.enabled()}
 
     @torch.inference_mode()
     def poc_launch(self, block_ids: list[int], block_hash: str, public_key: str, nonces: list[int],
-                   seq_len: int, k_dim: int, stronger_rng: bool, is_chat_running: bool, budget_s: float,
-                   is_chat_gated: bool = False) -> None:
+                   seq_len: int, k_dim: int, stronger_rng: bool, is_chat_running: bool, budget_s: float) -> bool:
         """Starts queueing one forward (poc_artifacts' arguments): as many decoder layers as `budget_s` of host
         time allows, the rest in poc_poll calls, which also collect it. Beside running chat it takes only PoC's
-        share of the SMs (poc/streams.py). With chat gated (no chat can arrive while it runs) it is replayed from
-        a CUDA graph where one can be made (poc/graphs.py)."""
-        if self._poc_in_flight is not None:
-            raise RuntimeError("a PoC forward is already in flight")
+        share of the SMs (poc/streams.py); a shape's forwards after its first are replayed from a CUDA graph where
+        one can be made (poc/graphs.py). It may be launched while the previous forward runs, once that one is
+        wholly queued: it runs after it, on the same blocks. Returns whether it is wholly queued."""
+        if self._poc_in_flight and not self._poc_in_flight[-1].forward.is_queued:
+            raise RuntimeError("the PoC forward in flight is not wholly queued yet")
         from poc.forward import LayerwiseForward, is_first_stage  # vLLM imports, as in _poc_last_hidden
 
         if not is_first_stage():
             raise RuntimeError("PoC forwards beside chat run on one pipeline stage only")
         device = self._device()
         stream, carveout = (None, 0) if self._poc_streams is None else self._poc_streams.for_launch(is_chat_running)
+        previous = self._poc_in_flight[-1] if self._poc_in_flight else None
         if stream is None:
             _sync(device)
         else:
+            if previous is not None:
+                self._keep_output(previous)
+                # It runs on the previous one's blocks and may share its graph memory pool: after it, whatever
+                # streams they run on.
+                if previous.stream is not stream:
+                    stream.wait_stream(previous.stream)
             # The leased KV blocks may have been a finished request's, still written by the chat steps queued so
             # far (async scheduling runs one step ahead): the forward starts after them.
             stream.wait_stream(torch.cuda.current_stream(device))
@@ -234,44 +248,48 @@ class PocWorkerExtension:
                 return self._poc_embeddings(device, block_hash, public_key, nonces, seq_len, stronger_rng, out)
 
             fwd: Any = None
-            if self._poc_graphs is not None and ((is_chat_gated and not is_chat_running) or graphs.beside_chat()):
-                # Beside chat only where asked, until replays there are measured again (poc/graphs.py).
-                key = ("beside" if is_chat_running else "alone", len(nonces), seq_len)
+            if self._poc_graphs is not None:
+                # A graph replays on the stream (and SMs) it was captured on.
+                key = ("alone" if stream is self._poc_streams.alone else "beside", len(nonces), seq_len)
                 fwd = self._poc_graphs.launch(key, self, block_ids, fill_inputs, vectors, _reflect_output)
             if fwd is None:
                 fwd = LayerwiseForward(self.model_runner, self.vllm_config, self.model_runner.get_model(), block_ids,
                                        fill_inputs(), vectors, _reflect_output)
-        self._poc_in_flight = _InFlight(fwd, stream, carveout, block_hash, public_key, nonces, k_dim)
-        self._poc_advance(budget_s)
+        f = _InFlight(fwd, stream, carveout, block_hash, public_key, nonces, k_dim)
+        self._poc_in_flight.append(f)
+        return self._poc_advance(f, budget_s)
 
     @torch.inference_mode()
-    def poc_poll(self, wait: bool, budget_s: float) -> tuple[bool, list[tuple[int, str]] | None]:
-        """Queues more of the launched forward (up to `budget_s` of host time; all of it if `wait`), then
-        (False, None) while it still runs (unless `wait`), else (True, its artifacts)."""
-        f = self._poc_in_flight
-        if f is None:
+    def poc_poll(self, wait: bool, budget_s: float) -> tuple[bool, list[tuple[int, str]] | None, bool]:
+        """Queues more of the newest forward launched (up to `budget_s` of host time; all of it if `wait`), then
+        (finished, the oldest one's artifacts once it has finished, whether the newest is wholly queued); with
+        `wait`, blocks until the oldest has finished. A failure drops every forward in flight."""
+        if not self._poc_in_flight:
             raise RuntimeError("no PoC forward in flight")
-        if not self._poc_advance(float("inf") if wait else budget_s):
-            return False, None
-        if f.done is not None and not wait and not f.done.query():
-            return False, None
-        self._poc_in_flight = None
-        assert f.forward.last_hidden is not None
-        # On the forward's stream, after it: the artifacts' few kernels and their one sync leave chat's alone.
-        with torch.cuda.stream(f.stream):
-            return True, compute_artifacts(f.forward.last_hidden, f.block_hash, f.public_key, f.nonces, f.k_dim)
+        try:
+            is_queued = self._poc_advance(self._poc_in_flight[-1], float("inf") if wait else budget_s)
+            f = self._poc_in_flight[0]
+            if not f.forward.is_queued or (f.done is not None and not wait and not f.done.query()):
+                return False, None, is_queued
+            self._poc_in_flight.popleft()
+            assert f.forward.last_hidden is not None
+            with self._collecting(f):
+                artifacts = compute_artifacts(f.forward.last_hidden, f.block_hash, f.public_key, f.nonces, f.k_dim)
+            return True, artifacts, is_queued
+        except BaseException:
+            self._poc_in_flight.clear()  # the engine thread fails the oldest's task and runs the others again
+            raise
 
-    def _poc_advance(self, budget_s: float) -> bool:
-        """Queues layers of the forward in flight for `budget_s`; True once all are queued (its event recorded)."""
-        f = self._poc_in_flight
-        assert f is not None
+    def _poc_advance(self, f: _InFlight, budget_s: float) -> bool:
+        """Queues layers of forward `f` for `budget_s`; True once all are queued (its event recorded). A failure
+        drops it."""
         if not f.forward.is_queued:
             try:
                 with self._on_poc_stream(f.stream, f.carveout):
                     if not f.forward.advance(budget_s):
                         return False
             except BaseException:
-                self._poc_in_flight = None  # a failed forward is dropped; the engine thread fails its task
+                self._poc_in_flight.remove(f)  # the engine thread fails its task
                 raise
         # Also for a forward queued whole at launch (a graph replay): without the event, poc_poll would read its
         # artifacts at once, the engine thread blocking in their copy until the forward ends.
@@ -279,6 +297,26 @@ class PocWorkerExtension:
             f.done = torch.cuda.Event()
             f.done.record(f.stream)
         return True
+
+    def _collecting(self, f: _InFlight):
+        """Where f's artifacts are computed: after f, not on its stream, where the next forward may be queued (their
+        one sync would wait for it too); their few kernels leave chat's alone."""
+        if f.stream is None:
+            return nullcontext()
+        collect = self._poc_streams.collect
+        collect.wait_event(f.done)
+        return torch.cuda.stream(collect)
+
+    @staticmethod
+    def _keep_output(f: _InFlight) -> None:
+        """A replay's output is its graph's buffer, which the next replay (of any graph: they share a memory pool)
+        overwrites: a forward launched behind `f` runs after a copy of it, taken on f's stream."""
+        if isinstance(f.forward, graphs.GraphedForward) and not f.forward.is_copied:
+            with torch.cuda.stream(f.stream):
+                f.forward.last_hidden = f.forward.last_hidden.clone()
+            f.forward.is_copied = True
+            f.done = torch.cuda.Event()
+            f.done.record(f.stream)
 
     @contextmanager
     def _on_poc_stream(self, stream, carveout: int):

@@ -79,15 +79,15 @@ case "${1:-tests}" in
   bench-serving) bench_serving ;;
   bench-beside) bench_beside ;;
   round) bench_serving; bench_beside ;;
-  overlap)  # RUNS="MODE:SHARE[:GRAPHS] ..." (default: auto:0.5 off:0.5; GRAPHS sets POCSERVE_POC_GRAPHS, default 1);
-            # TESTS=0 skips the tests
+  overlap)  # RUNS="MODE:SHARE[:GRAPHS[:FLIGHT]] ..." (default: auto:0.5 off:0.5; GRAPHS sets POCSERVE_POC_GRAPHS,
+            # default 1; FLIGHT POCSERVE_POC_FORWARDS_IN_FLIGHT, default 2); TESTS=0 skips the tests
     for run in ${RUNS:-auto:0.5 off:0.5}; do
-      mode=${run%%:*}; rest=${run#*:}; share=${rest%%:*}; graphs=1
-      [ "$rest" != "$share" ] && graphs=${rest#*:}
-      tag=$mode-$share; [ "$graphs" != 1 ] && tag=$tag-graphs_$graphs
+      IFS=: read -r mode share graphs flight <<< "$run"
+      graphs=${graphs:-1}; flight=${flight:-2}
+      tag=$mode-$share; [ "$graphs" != 1 ] && tag=$tag-graphs_$graphs; [ "$flight" != 2 ] && tag=$tag-flight_$flight
       rm -f /tmp/pocserve-bench-beside/backend-shared.log
-      echo "run $run: POCSERVE_POC_GRAPHS=$graphs" | tee -a "$out/overlap.txt"
-      POCSERVE_POC_GRAPHS=$graphs \
+      echo "run $run: POCSERVE_POC_GRAPHS=$graphs POCSERVE_POC_FORWARDS_IN_FLIGHT=$flight" | tee -a "$out/overlap.txt"
+      POCSERVE_POC_GRAPHS=$graphs POCSERVE_POC_FORWARDS_IN_FLIGHT=$flight \
       python3 -m bench.beside_mining --part chat --shape qwen3-0.6b --seq-len 1024 --batch-size 32 --streams 16 \
         --max-tokens 128 --seconds 15 --chat-share "$share" --gpu-memory-utilization 0.5 \
         --backend-arg=--poc-overlap --backend-arg="$mode" --backend-arg=--log-level --backend-arg=debug \

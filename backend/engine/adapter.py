@@ -58,6 +58,7 @@ class Engine:
             step_tokens = int(self.vllm_config.scheduler_config.max_num_batched_tokens)
             self.poc = PocRunner(self.core, settings.max_num_seqs, min(settings.poc_max_batch_tokens, step_tokens))
             self.poc.overlaps = self._prepare_overlap(settings)
+            self.poc.max_in_flight = settings.poc_forwards_in_flight
         except BaseException:
             self.core.shutdown()  # the workers are processes of their own under TP/PP
             raise
@@ -66,7 +67,7 @@ class Engine:
         log.info("engine_ready", model=str(settings.model), vllm_version=vllm.__version__,
                  block_size=compat.block_size(self.core), tensor_parallel_size=settings.tensor_parallel_size,
                  pipeline_parallel_size=settings.pipeline_parallel_size, poc_layer_ranges=self.poc.layer_ranges,
-                 poc_overlap=self.poc.overlaps,
+                 poc_overlap=self.poc.overlaps, poc_forwards_in_flight=settings.poc_forwards_in_flight,
                  torch_threads=torch.get_num_threads(), elapsed_s=round(time.monotonic() - started, 1),
                  uptime_s=process_uptime_s())
 

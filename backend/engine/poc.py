@@ -11,6 +11,8 @@ stage has the artifacts, so the first answer that is not None is taken: the firs
 
 from __future__ import annotations
 
+from collections import deque
+
 import structlog
 from vllm import envs as vllm_envs
 
@@ -39,10 +41,15 @@ class PocRunner:
         self.num_nonces = 0
         self._held: list = []  # KVCacheBlocks leased for PoC forwards, kept between them (see release)
         self._held_ids: list[int] = []
-        # Nonces of the forward launched beside chat and not yet collected (None: none in flight).
-        self._in_flight: int | None = None
+        # Nonces of each forward launched beside chat and not yet collected, oldest first.
+        self._in_flight: deque[int] = deque()
+        # Whether the newest forward launched is wholly queued in the workers (the next may be launched behind it).
+        self._is_queued = True
         # Whether launched forwards run beside chat's steps (a stream of their own); set by the engine at start.
         self.overlaps = False
+        # Forwards launched at once (--poc-forwards-in-flight); set by the engine at start. With one, the device
+        # waits between forwards while the engine thread notices the end, reads the artifacts and launches the next.
+        self.max_in_flight = 2
 
     def check(self, job: ArtifactJob) -> None:
         """Raises PocInputError naming the field for a job this engine cannot run."""
@@ -88,49 +95,56 @@ class PocRunner:
         self.num_nonces += len(nonces)
         return [(int(n), str(v)) for n, v in result], len(nonces)
 
-    def launch(self, job: ArtifactJob, nonces: list[int], is_chat_running: bool, budget_s: float,
-               is_chat_gated: bool = False) -> int:
+    def launch(self, job: ArtifactJob, nonces: list[int], is_chat_running: bool, budget_s: float) -> int:
         """Starts one forward over a prefix of `nonces` (as `run`) beside chat's steps and returns how many it
         took: the workers queue its first decoder layers in `budget_s` of host time, `poll` the rest and then
         collects it. Its blocks stay leased until then, whatever `release` is asked. Beside running chat the
-        forward takes only PoC's share of the device (poc/streams.py); with chat gated (an exclusive round: no
-        chat can arrive meanwhile) it may be replayed from a CUDA graph (poc/graphs.py)."""
-        assert self._in_flight is None, "one PoC forward in flight at a time"
+        forward takes only PoC's share of the device (poc/streams.py). While `can_launch`, a second may be
+        launched behind the first: it runs after it, so the device never waits for the engine thread to collect
+        one forward and launch the next."""
+        assert self.can_launch, f"{len(self._in_flight)} PoC forwards in flight, the newest not wholly queued"
         nonces, block_ids = self._lease_for(job, nonces)
         spec = job.spec
         try:
-            self._core.collective_rpc(
+            results = self._core.collective_rpc(
                 "poc_launch", timeout=vllm_envs.VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS,
                 args=(block_ids, spec.block_hash, spec.public_key, list(nonces), spec.seq_len, spec.k_dim,
-                      spec.stronger_rng, is_chat_running, budget_s, is_chat_gated))
+                      spec.stronger_rng, is_chat_running, budget_s))
         except BaseException:
             self.release()
             raise
-        self._in_flight = len(nonces)
+        self._in_flight.append(len(nonces))
+        self._is_queued = all(results)
         return len(nonces)
 
     def poll(self, wait: bool = False, budget_s: float = float("inf")) -> list[tuple[int, str]] | None:
-        """Queues more of the launched forward (for `budget_s`), then its artifacts once it has finished
-        (queueing all and blocking if `wait`), None before."""
-        assert self._in_flight is not None, "no PoC forward in flight"
+        """Queues more of the newest forward launched (for `budget_s`), then the oldest one's artifacts once it
+        has finished (queueing all and blocking if `wait`), None before. A failure drops every forward in flight
+        (the workers drop theirs)."""
+        assert self._in_flight, "no PoC forward in flight"
         try:
             results = self._core.collective_rpc("poc_poll", timeout=vllm_envs.VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS,
                                                 args=(wait, budget_s))
         except BaseException:
-            self._in_flight = None
+            self._in_flight.clear()
+            self._is_queued = True
             self.release()
             raise
-        if not all(finished for finished, _ in results):
+        self._is_queued = all(is_queued for _, _, is_queued in results)
+        if not all(finished for finished, _, _ in results):
             return None
-        num = self._in_flight
-        self._in_flight = None
-        self.num_nonces += num
-        artifacts = next(a for _, a in results if a is not None)
+        self.num_nonces += self._in_flight.popleft()
+        artifacts = next(a for _, a, _ in results if a is not None)
         return [(int(n), str(v)) for n, v in artifacts]
 
     @property
     def is_in_flight(self) -> bool:
-        return self._in_flight is not None
+        return bool(self._in_flight)
+
+    @property
+    def can_launch(self) -> bool:
+        """Another forward may be launched now: fewer than max_in_flight are, and the newest is wholly queued."""
+        return len(self._in_flight) < self.max_in_flight and self._is_queued
 
     def _lease_for(self, job: ArtifactJob, nonces: list[int]) -> tuple[list[int], list[int]]:
         """(the prefix of `nonces` the free blocks allow, its leased block ids); NoFreeBlocks if none fits."""
@@ -143,19 +157,20 @@ class PocRunner:
         return nonces, self._lease(len(nonces) * per_seq)
 
     def _lease(self, num_blocks: int) -> list[int]:
-        """Ids of `num_blocks` leased blocks: the held ones when there are enough, else a fresh lease. A forward's
-        KV writes land after the previous forward has finished (its artifacts were read), so reuse is safe."""
+        """Ids of `num_blocks` leased blocks: the held ones, more leased where they are too few. Every forward
+        uses a prefix of them: its KV writes land after the previous forward has finished (the workers run them
+        one after another), so reuse is safe."""
         if len(self._held) < num_blocks:
-            self.release()
-            self._held = self._pool.get_new_blocks(num_blocks)
-            self._held_ids = [b.block_id for b in self._held]
+            more = self._pool.get_new_blocks(num_blocks - len(self._held))
+            self._held += more
+            self._held_ids += [b.block_id for b in more]
             assert 0 not in self._held_ids, "the null block must never be leased"
         return self._held_ids[:num_blocks]
 
     def release(self) -> None:
         """Returns the held blocks to vLLM's pool (the scheduler must see them before it schedules a step); not
         while a launched forward may still write them."""
-        if self._held and self._in_flight is None:
+        if self._held and not self._in_flight:
             self._pool.free_blocks(self._held)
             self._held, self._held_ids = [], []
 

@@ -8,7 +8,8 @@ every MINING_EVERY, so a stream of jobs slows mining but never stops it (jobs ke
 
 `run_batch(limit)` runs one forward of at most `limit` nonces (the policy's size for it when chat shares the device)
 and records its duration, so the policy can size the next one. Where the runner overlaps forwards with chat's
-steps, `launch_batch()` queues a whole forward and `poll_batch()` finishes it, one in flight at a time.
+steps, `launch_batch()` queues a whole forward and `poll_batch()` finishes the oldest; the runner may take a second
+behind the first (`has_slot`), from the nonces no forward in flight holds yet.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class ArtifactTask:
     tag: str = "direct"
     remaining: list[int] = field(default_factory=list)
     artifacts: list[Artifact] = field(default_factory=list)
+    # How many of `remaining`, from its head, forwards in flight hold (they finish in launch order).
+    launched: int = 0
 
     def __post_init__(self) -> None:
         self.remaining = list(self.job.nonces)
@@ -62,8 +65,9 @@ class ArtifactQueue:
         self.iterations = IterationHistogram()
         # What forwards cost, learned from the ones that ran alone (the time-sliced policy sizes them by it).
         self.costs = CostModel()
-        # (from the job lane, task, nonces) of the forward launched beside chat, until it is polled back.
-        self._in_flight: tuple[bool, ArtifactTask, int] | None = None
+        # (from the job lane, task, nonces) of each forward launched beside chat until it is polled back, oldest
+        # first.
+        self._in_flight: deque[tuple[bool, ArtifactTask, int]] = deque()
 
     def __len__(self) -> int:
         return len(self._jobs) + len(self._mining)
@@ -94,17 +98,22 @@ class ArtifactQueue:
     def next_forward(self) -> tuple[Cost | None, int]:
         """The forward run_batch would run next: its learned cost (None: none of its seq_len ran yet) and the most
         sequences it can take (0: nothing queued)."""
-        lane = self._next_lane()
-        if not lane:
+        picked = self._pick()
+        if picked is None:
             return None, 0
-        task = lane[0]
+        task = picked[1]
         seq_len = task.job.spec.seq_len
-        return self.costs.cost(seq_len), min(len(task.remaining), self._runner.max_batch(seq_len))
+        return self.costs.cost(seq_len), min(len(task.remaining) - task.launched, self._runner.max_batch(seq_len))
 
-    def _next_lane(self) -> deque[ArtifactTask]:
-        if self._jobs and (not self._mining or self._num_job_forwards < MINING_EVERY - 1):
-            return self._jobs
-        return self._mining
+    def _pick(self) -> tuple[bool, ArtifactTask] | None:
+        """(from the job lane, the task) of the next forward: the first task with nonces no forward in flight
+        holds, in the lane whose turn it is (the other's if that one has none)."""
+        jobs_first = bool(self._jobs) and (not self._mining or self._num_job_forwards < MINING_EVERY - 1)
+        for lane in (self._jobs, self._mining) if jobs_first else (self._mining, self._jobs):
+            for task in lane:
+                if len(task.remaining) > task.launched:
+                    return lane is self._jobs, task
+        return None
 
     def run_batch(self, limit: int | None = None) -> None:
         """One forward of the next task: at most `limit` nonces (None: as many as a forward takes)."""
@@ -125,50 +134,60 @@ class ArtifactQueue:
 
     @property
     def is_in_flight(self) -> bool:
-        return self._in_flight is not None
+        return bool(self._in_flight)
 
-    def launch_batch(self, is_chat_running: bool, budget_s: float, is_chat_gated: bool = False) -> None:
+    @property
+    def has_slot(self) -> bool:
+        """launch_batch may start a forward now: the runner takes one more, and a task has nonces for it."""
+        return self._runner.can_launch and self._pick() is not None
+
+    def launch_batch(self, is_chat_running: bool, budget_s: float) -> None:
         """Starts a whole forward of the next task beside chat's steps, queueing what `budget_s` of host time
-        allows; `poll_batch` queues the rest and finishes it. `is_chat_gated`: no chat can arrive while it runs."""
-        assert self._in_flight is None, "one forward in flight at a time"
+        allows; `poll_batch` queues the rest and finishes it."""
         is_job, task, batch = self._take(None)
         try:
-            num_run = self._runner.launch(task.job, batch, is_chat_running, budget_s, is_chat_gated)
+            num_run = self._runner.launch(task.job, batch, is_chat_running, budget_s)
         except NoFreeBlocks as e:
             self._wait_for_blocks(e)
             return
         except Exception as e:
             self._failed(is_job, task, len(batch), e)
             return
-        self._in_flight = (is_job, task, num_run)
+        task.launched += num_run
+        self._in_flight.append((is_job, task, num_run))
 
     def poll_batch(self, wait: bool = False, budget_s: float = float("inf")) -> None:
-        """Queues more of the launched forward, and finishes it if it is done (or once it is, with `wait`)."""
-        assert self._in_flight is not None, "no forward in flight"
-        is_job, task, num_run = self._in_flight
+        """Queues more of the newest forward launched, and finishes the oldest if it is done (or once it is, with
+        `wait`). A failure fails the oldest's task; the nonces of the others in flight are run again."""
+        assert self._in_flight, "no forward in flight"
+        is_job, task, num_run = self._in_flight[0]
         try:
             artifacts = self._runner.poll(wait, budget_s)
         except Exception as e:
-            self._in_flight = None
+            for _, other, num in self._in_flight:
+                other.launched -= num
+            self._in_flight.clear()
             self._failed(is_job, task, num_run, e)
             return
         if artifacts is None:
             return
-        self._in_flight = None
+        self._in_flight.popleft()
+        task.launched -= num_run
         self._finish(is_job, task, artifacts, num_run)
 
     def _take(self, limit: int | None) -> tuple[bool, ArtifactTask, list[int]]:
         """(from the job lane, the next task, the nonces of its next forward: at most `limit`)."""
-        lane = self._next_lane()
-        task = lane[0]
+        picked = self._pick()
+        assert picked is not None, "no task has nonces to run"
+        is_job, task = picked
         most = self._runner.max_batch(task.job.spec.seq_len)
         size = most if limit is None else max(1, min(limit, most))
-        return lane is self._jobs, task, task.remaining[:size]
+        return is_job, task, task.remaining[task.launched:task.launched + size]
 
     def _queued(self, is_job: bool, task: ArtifactTask) -> deque[ArtifactTask] | None:
-        """The task's lane if the task still heads it (a /stop may have dropped it while its forward ran)."""
+        """The task's lane if the task is still in it (a /stop may have dropped it while its forward ran)."""
         lane = self._jobs if is_job else self._mining
-        return lane if lane and lane[0] is task else None
+        return lane if any(t is task for t in lane) else None
 
     def _wait_for_blocks(self, e: NoFreeBlocks) -> None:
         # Running requests hold the KV cache: let engine steps finish some before trying again.
@@ -179,7 +198,7 @@ class ArtifactQueue:
         log.exception("poc_batch_failed", num_nonces=num_nonces)  # called in the except block
         lane = self._queued(is_job, task)
         if lane is not None:
-            lane.popleft()
+            lane.remove(task)
             task.done([], RequestFailed(f"PoC forward failed: {e}").info())
 
     def _finish(self, is_job: bool, task: ArtifactTask, artifacts: list[tuple[int, str]], num_run: int) -> None:
@@ -192,10 +211,11 @@ class ArtifactQueue:
         task.artifacts.extend(Artifact(nonce=n, vector_b64=v) for n, v in artifacts)
         del task.remaining[:num_run]
         if not task.remaining:
-            lane.popleft()
+            lane.remove(task)
             task.done(task.artifacts, None)
         elif is_job:
-            lane.rotate(-1)  # round-robin: the next job's turn
+            lane.remove(task)  # round-robin: the next job's turn
+            lane.append(task)
 
     def unblock(self) -> None:
         """An engine step ran: blocks may have been freed."""

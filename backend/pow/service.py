@@ -48,6 +48,9 @@ log = structlog.get_logger(__name__)
 
 # Queued jobs in the artifact queue at once (taken in FIFO order, then run round-robin): the rest stay queued.
 MAX_RUNNING_JOBS = 4
+# A round's batches kept in the artifact queue: one for the forward running and one for the forward launched behind
+# it (--poc-forwards-in-flight).
+MINING_QUEUED = 2
 
 
 @dataclass
@@ -73,7 +76,7 @@ class PowService:
         self.default_batch_size = default_batch_size
         self.stop_flush_timeout_s = stop_flush_timeout_s
         self.round: MiningRound | None = None
-        self._mining_in_queue = False
+        self._num_mining_queued = 0  # the round's batches in the artifact queue
         # Persisted jobs now in the artifact queue (wait=true calls go there at once and are not counted).
         self._num_running_jobs = 0
         self._waiting: deque[_WaitingCall] = deque()
@@ -111,8 +114,13 @@ class PowService:
         """A forward launched beside chat has not been polled back yet."""
         return self.artifacts.is_in_flight
 
-    def launch_batch(self, is_chat_running: bool, budget_s: float, is_chat_gated: bool = False) -> None:
-        self.artifacts.launch_batch(is_chat_running, budget_s, is_chat_gated)
+    @property
+    def has_slot(self) -> bool:
+        """Another forward may be launched behind those in flight, of a batch none of them holds."""
+        return self.artifacts.has_slot
+
+    def launch_batch(self, is_chat_running: bool, budget_s: float) -> None:
+        self.artifacts.launch_batch(is_chat_running, budget_s)
 
     def poll_batch(self, wait: bool, budget_s: float) -> None:
         self.artifacts.poll_batch(wait, budget_s)
@@ -199,7 +207,7 @@ class PowService:
         self.round = None
         self._chat.ungate()
         self.artifacts.discard(lambda task: task.tag == MINING)
-        self._mining_in_queue = False
+        self._num_mining_queued = 0
         num_cancelled = self.jobs.cancel_queued()
         if was is not None:
             log.info("poc_round_stopped", total_processed=was.total_processed, num_artifacts=was.num_artifacts,
@@ -224,7 +232,7 @@ class PowService:
 
     def has_pending(self) -> bool:
         """Work that feed() could turn into artifact tasks."""
-        return (bool(self._waiting) or (self.round is not None and not self._mining_in_queue)
+        return (bool(self._waiting) or (self.round is not None and self._num_mining_queued < MINING_QUEUED)
                 or (self._num_running_jobs < MAX_RUNNING_JOBS and self.jobs.peek_next() is not None))
 
     def feed(self) -> None:
@@ -236,7 +244,7 @@ class PowService:
             self.jobs.mark_running(job)
             self._num_running_jobs += 1
             self._submit_job(job.request, None, job=job)
-        if self.round is not None and not self._mining_in_queue:
+        while self.round is not None and self._num_mining_queued < MINING_QUEUED:
             self._submit_mining_batch()
 
     def _answer_to(self, call: _WaitingCall) -> Callable:
@@ -294,7 +302,7 @@ class PowService:
         nonces = r.next_batch()
 
         def done(artifacts: list[Artifact], error: ErrorInfo | None) -> None:
-            self._mining_in_queue = False
+            self._num_mining_queued -= 1
             if self.round is not r:
                 return  # stopped meanwhile
             if error is not None:
@@ -307,7 +315,7 @@ class PowService:
                 self.callbacks.add_generated(s.url, batch)
 
         self.artifacts.submit(ArtifactTask(job=ArtifactJob(s.poc, tuple(nonces)), done=done, tag=MINING))
-        self._mining_in_queue = True
+        self._num_mining_queued += 1
 
     def _submit_job(self, msg: PowGenerateRequest, answer, job: Job | None) -> None:
         def done(artifacts: list[Artifact], error: ErrorInfo | None) -> None:

@@ -205,7 +205,8 @@ def test_shared_round_under_chat_load_gives_the_artifacts_computed_alone(pow_url
 @pytest.fixture(scope="module")
 def overlapped(model_dir, tmp_path_factory):
     """Forwards launched beside chat steps (--poc-overlap on): on this CPU engine each one runs when launched, so
-    this checks the launch/poll path (blocks, queue, routing), not the overlap itself (a CUDA stream)."""
+    this checks the launch/poll path (blocks, queue, routing, a second forward launched behind the first), not the
+    overlap itself (a CUDA stream)."""
     server = Server.start(model_dir, tmp_path_factory.mktemp("pow-overlapped"), "--scheduling-mode", "shared",
                           "--poc-overlap", "on", "--callback-interval-s", "0.5")
     yield server
@@ -243,8 +244,9 @@ def test_layerwise_forward_beside_chat_gives_the_whole_forwards_artifacts_bit_fo
 
 @pytest.fixture(scope="module")
 def overlapped_exclusive(model_dir, tmp_path_factory):
-    """The overlapped loop in exclusive mode: chat is gated during a round, so on a CUDA engine a shape's forwards
-    after its first are replayed from a CUDA graph (poc/graphs.py)."""
+    """The overlapped loop in exclusive mode: chat is gated during a round, and the loop waits for each forward
+    with the next queued behind it; on a CUDA engine a shape's forwards after its first are replayed from a CUDA
+    graph (poc/graphs.py)."""
     server = Server.start(model_dir, tmp_path_factory.mktemp("pow-overlapped-exclusive"), "--scheduling-mode",
                           "exclusive", "--poc-overlap", "on", "--callback-interval-s", "0.5")
     yield server
@@ -254,8 +256,9 @@ def overlapped_exclusive(model_dir, tmp_path_factory):
 def test_jobs_in_an_exclusive_overlapped_round_give_the_whole_forwards_artifacts(shared, overlapped_exclusive,
                                                                                  receiver):
     """Jobs run inside the round, with chat gated: on a CUDA engine their forwards (and the round's, of the same
-    shape) are eager once, then captured, then replayed with new inputs on other blocks; on the CPU engine they run
-    eager (the launch/poll path). Each must give the time-sliced backend's whole forward byte for byte."""
+    shape) are eager once, then captured, then replayed with new inputs on other blocks, one queued behind another
+    (the output of the one running copied out first); on the CPU engine they run eager (the launch/poll path). Each
+    must give the time-sliced backend's whole forward byte for byte."""
     batches = [[1000 * k + 3 * i for i in range(8)] for k in range(4)]
     whole = [artifacts_of(shared.pow, nonces, block_hash="REPLAYED") for nonces in batches]
     pow_url = overlapped_exclusive.pow

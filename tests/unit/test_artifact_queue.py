@@ -3,6 +3,8 @@ round-robin, the round's guaranteed share while jobs wait, sized forwards, failu
 
 from __future__ import annotations
 
+from collections import deque
+
 import pytest
 
 from backend.engine.poc import NoFreeBlocks
@@ -148,44 +150,102 @@ def test_artifact_queue_discard_drops_the_rounds_batches_only():
     assert len(queue) == 1 and queue.num_jobs == 1 and not mining_done.calls
 
 
-# --- forwards beside chat: launch_batch queues one, poll_batch finishes it
+# --- forwards beside chat: launch_batch queues one (a second behind it), poll_batch finishes the oldest
 
 
 class LaunchingRunner(FakeRunner):
-    """A runner whose forwards run beside chat: launch returns at once, poll answers once `finished` is set."""
+    """A runner whose forwards run beside chat, two at most: launch returns at once, poll answers the oldest once
+    `finished` is set."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.launched: tuple[str, list[int]] | None = None
+        self.in_flight: deque[tuple[str, list[int]]] = deque()
         self.finished = False
 
-    def launch(self, job: ArtifactJob, nonces: list[int], is_chat_running: bool, budget_s: float,
-               is_chat_gated: bool = False) -> int:
+    @property
+    def launched(self) -> tuple[str, list[int]] | None:
+        """The newest forward launched."""
+        return self.in_flight[-1] if self.in_flight else None
+
+    @property
+    def can_launch(self) -> bool:
+        return len(self.in_flight) < 2
+
+    def launch(self, job: ArtifactJob, nonces: list[int], is_chat_running: bool, budget_s: float) -> int:
         if self.blocked:
             raise NoFreeBlocks("all blocks in use")
-        assert self.launched is None
-        self.launched = (job.spec.block_hash, nonces)
-        self.gated = is_chat_gated
+        assert self.can_launch
+        self.in_flight.append((job.spec.block_hash, nonces))
         return len(nonces)
 
     def poll(self, wait: bool = False, budget_s: float = 0.0):
-        assert self.launched is not None
+        assert self.in_flight
         if not (self.finished or wait):
             return None
-        name, nonces = self.launched
-        self.launched, self.finished = None, False
+        name, nonces = self.in_flight.popleft()
         if name == self.fail_for:
+            self.in_flight.clear()  # as the workers: a failure drops every forward in flight
             raise RuntimeError("worker failed")
         self.forwards.append((name, len(nonces)))
         return [(n, f"v{n}") for n in nonces]
 
 
-def test_artifact_queue_launch_passes_on_whether_chat_is_gated():
+def test_artifact_queue_second_forward_takes_the_nonces_the_first_does_not_hold():
     runner = LaunchingRunner()
     queue = ArtifactQueue(runner)
-    queue.submit(_task("mining", 4)[0])
-    queue.launch_batch(is_chat_running=False, budget_s=float("inf"), is_chat_gated=True)
-    assert runner.gated is True
+    job, done = _task("validation", 6)
+    queue.submit(job)
+    queue.launch_batch(is_chat_running=True, budget_s=0.001)
+    assert queue.has_slot
+    queue.launch_batch(is_chat_running=True, budget_s=0.001)
+    assert [nonces for _, nonces in runner.in_flight] == [[0, 1, 2, 3], [4, 5]]
+    assert not queue.has_slot  # the runner takes no third, and no nonce is left
+    runner.finished = True
+    queue.poll_batch()
+    assert job.remaining == [4, 5] and job.launched == 2 and not queue.has_slot and not done.calls
+    queue.poll_batch()
+    assert [(a.nonce, a.vector_b64) for a in done.calls[0][0]] == [(n, f"v{n}") for n in range(6)]
+    assert not queue.is_in_flight and len(queue) == 0
+
+
+def test_artifact_queue_second_forward_comes_from_the_next_task_when_the_first_is_all_in_flight():
+    runner = LaunchingRunner()
+    queue = ArtifactQueue(runner)
+    first, first_done = _task("round-1", 4, MINING)
+    second, second_done = _task("round-2", 4, MINING)
+    job, job_done = _task("validation", 2)
+    queue.submit(first)
+    queue.submit(second)
+    queue.launch_batch(is_chat_running=True, budget_s=0.001)
+    queue.submit(job)  # a job arriving during the round goes before the round's next batch
+    queue.launch_batch(is_chat_running=True, budget_s=0.001)
+    assert [name for name, _ in runner.in_flight] == ["round-1", "validation"]
+    runner.finished = True
+    queue.poll_batch()
+    queue.launch_batch(is_chat_running=True, budget_s=0.001)
+    assert [name for name, _ in runner.in_flight] == ["validation", "round-2"]
+    queue.poll_batch()
+    queue.poll_batch()
+    assert first_done.calls and job_done.calls and second_done.calls and len(queue) == 0
+
+
+def test_artifact_queue_failed_oldest_forward_fails_its_task_and_the_next_runs_again():
+    runner = LaunchingRunner()
+    queue = ArtifactQueue(runner)
+    bad, bad_done = _task("bad", 4)
+    good, good_done = _task("good", 4)
+    queue.submit(bad)
+    queue.submit(good)
+    runner.fail_for = "bad"
+    queue.launch_batch(is_chat_running=True, budget_s=0.001)
+    queue.launch_batch(is_chat_running=True, budget_s=0.001)
+    queue.poll_batch(wait=True)
+    assert bad_done.calls[0][0] == [] and "PoC forward failed" in bad_done.calls[0][1].message
+    assert not queue.is_in_flight and good.launched == 0 and queue.has_slot
+    queue.launch_batch(is_chat_running=True, budget_s=0.001)
+    assert runner.launched == ("good", [0, 1, 2, 3])
+    queue.poll_batch(wait=True)
+    assert good_done.calls[0][1] is None and len(queue) == 0
 
 
 def test_artifact_queue_launched_forward_finishes_its_task_when_polled_done():

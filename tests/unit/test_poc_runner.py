@@ -3,6 +3,7 @@ leased from one PoC forward to the next and go back on release (before engine st
 
 from __future__ import annotations
 
+from collections import deque
 from types import SimpleNamespace
 
 import pytest
@@ -25,8 +26,9 @@ class FakeCore:
                                            model_config=SimpleNamespace(max_model_len=4096))
         self.forwards: list[list[int]] = []
         self.fail = False
-        self.launched: list[int] | None = None  # nonces of the forward a poc_launch queued
+        self.launched: deque[list[int]] = deque()  # nonces of each forward poc_launch queued, oldest first
         self.finished = False
+        self.is_queued = True  # what the workers answer: the newest forward is wholly queued
 
     def collective_rpc(self, method: str, timeout=None, args=()):
         if method == "poc_hidden_size":
@@ -35,16 +37,16 @@ class FakeCore:
             return [(0, 2)]
         if method == "poc_launch":
             self.forwards.append(list(args[0]))
-            self.launched = list(args[3])
-            self.launch_flags = tuple(args[7:])  # (is_chat_running, budget_s, is_chat_gated)
-            return [None]
+            self.launched.append(list(args[3]))
+            self.launch_flags = tuple(args[7:])  # (is_chat_running, budget_s)
+            return [self.is_queued]
         if method == "poc_poll":
             if self.fail:
                 raise RuntimeError("worker failed")
             if not (self.finished or args[0]):
-                return [(False, None)]
-            nonces, self.launched = self.launched, None
-            return [(True, [(n, f"v{n}") for n in nonces])]
+                return [(False, None, self.is_queued)]
+            nonces = self.launched.popleft()
+            return [(True, [(n, f"v{n}") for n in nonces], self.is_queued)]
         assert method == "poc_artifacts"
         if self.fail:
             raise RuntimeError("worker failed")
@@ -74,7 +76,7 @@ def test_blocks_stay_leased_between_forwards_and_return_on_release():
     assert core.pool.get_num_free_blocks() == free
 
 
-def test_a_larger_forward_leases_afresh_and_held_blocks_count_as_available():
+def test_a_larger_forward_leases_more_and_held_blocks_count_as_available():
     core = FakeCore(num_blocks=33)  # 32 usable: 8 sequences
     runner = PocRunner(core, max_num_seqs=8, max_batch_tokens=8 * SEQ_LEN)
     runner.run(job(2), [0, 1])
@@ -113,23 +115,66 @@ def test_a_launched_forward_keeps_its_blocks_until_polled_back():
     assert core.pool.get_num_free_blocks() == free
 
 
-def test_a_launch_tells_the_workers_whether_chat_runs_and_whether_it_is_gated():
-    """The workers choose the stream from the first and whether a CUDA graph may replay it from the last."""
+def test_a_launch_tells_the_workers_whether_chat_runs():
+    """The workers choose the stream (and the SMs) from it."""
     core = FakeCore(num_blocks=65)
     runner = PocRunner(core, max_num_seqs=8, max_batch_tokens=8 * SEQ_LEN)
-    runner.launch(job(4), list(range(4)), is_chat_running=False, budget_s=float("inf"), is_chat_gated=True)
-    assert core.launch_flags == (False, float("inf"), True)
+    runner.launch(job(4), list(range(4)), is_chat_running=False, budget_s=float("inf"))
+    assert core.launch_flags == (False, float("inf"))
     core.finished = True
     runner.poll()
     runner.launch(job(4), list(range(4)), is_chat_running=True, budget_s=0.001)
-    assert core.launch_flags == (True, 0.001, False)
+    assert core.launch_flags == (True, 0.001)
+
+
+def test_a_second_forward_runs_behind_the_first_on_its_blocks_and_they_come_back_in_order():
+    core = FakeCore(num_blocks=65)
+    runner = PocRunner(core, max_num_seqs=8, max_batch_tokens=8 * SEQ_LEN)
+    free = core.pool.get_num_free_blocks()
+    runner.launch(job(8), list(range(8)), is_chat_running=True, budget_s=0.001)
+    assert runner.can_launch
+    runner.launch(job(8), list(range(8, 16)), is_chat_running=True, budget_s=0.001)
+    assert core.forwards[1] == core.forwards[0] and core.pool.get_num_free_blocks() == free - 32
+    assert not runner.can_launch  # two in flight
+    assert runner.poll() is None
+    core.finished = True
+    assert runner.poll() == [(n, f"v{n}") for n in range(8)] and runner.is_in_flight and runner.can_launch
+    runner.release()  # one still in flight: the blocks stay leased
+    assert core.pool.get_num_free_blocks() == free - 32
+    assert runner.poll() == [(n, f"v{n}") for n in range(8, 16)] and not runner.is_in_flight
+    assert runner.num_nonces == 16
+    runner.release()
+    assert core.pool.get_num_free_blocks() == free
+
+
+def test_no_forward_is_launched_behind_one_the_workers_have_not_wholly_queued():
+    core = FakeCore(num_blocks=65)
+    runner = PocRunner(core, max_num_seqs=8, max_batch_tokens=8 * SEQ_LEN)
+    core.is_queued = False  # an eager forward queued a few layers per poll
+    runner.launch(job(4), list(range(4)), is_chat_running=True, budget_s=0.001)
+    assert not runner.can_launch
+    assert runner.poll() is None and not runner.can_launch
+    core.is_queued = True
+    assert runner.poll() is None and runner.can_launch
+
+
+def test_a_failed_poll_drops_every_forward_in_flight_and_returns_the_blocks():
+    core = FakeCore(num_blocks=65)
+    runner = PocRunner(core, max_num_seqs=8, max_batch_tokens=8 * SEQ_LEN)
+    free = core.pool.get_num_free_blocks()
+    runner.launch(job(4), list(range(4)), is_chat_running=True, budget_s=0.001)
+    runner.launch(job(4), list(range(4, 8)), is_chat_running=True, budget_s=0.001)
+    core.fail = True
+    with pytest.raises(RuntimeError):
+        runner.poll()
+    assert not runner.is_in_flight and runner.can_launch and core.pool.get_num_free_blocks() == free
 
 
 def test_a_launch_takes_what_the_free_blocks_allow_and_a_failed_poll_returns_them():
     core = FakeCore(num_blocks=17)  # 16 usable: 4 sequences
     runner = PocRunner(core, max_num_seqs=8, max_batch_tokens=8 * SEQ_LEN)
     assert runner.launch(job(8), list(range(8)), is_chat_running=True, budget_s=0.001) == 4
-    assert core.launched == [0, 1, 2, 3]
+    assert list(core.launched) == [[0, 1, 2, 3]]
     core.fail = True
     with pytest.raises(RuntimeError):
         runner.poll(wait=True)

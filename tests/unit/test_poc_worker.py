@@ -92,8 +92,65 @@ def test_poc_worker_poll_waits_for_a_forward_queued_whole_at_launch(monkeypatch)
     monkeypatch.setattr(torch.cuda, "Event", Event)
     worker = PocWorkerExtension()
     stream = object()
-    worker._poc_in_flight = _InFlight(GraphedForward(torch.zeros(2, HIDDEN)), stream, 0, "h", "pk", [1, 2], 4)
-    assert worker.poc_poll(wait=False, budget_s=0.001) == (False, None)
-    done = worker._poc_in_flight.done
+    worker._poc_in_flight.append(_InFlight(GraphedForward(torch.zeros(2, HIDDEN)), stream, 0, "h", "pk", [1, 2], 4))
+    assert worker.poc_poll(wait=False, budget_s=0.001) == (False, None, True)
+    done = worker._poc_in_flight[0].done
     assert done.stream is stream
-    assert worker.poc_poll(wait=False, budget_s=0.001) == (False, None) and worker._poc_in_flight.done is done
+    assert worker.poc_poll(wait=False, budget_s=0.001) == (False, None, True)
+    assert worker._poc_in_flight[0].done is done
+
+
+class Layerwise:
+    """poc.forward.LayerwiseForward's part poc_poll uses: `layers` more advance calls queue it wholly."""
+
+    def __init__(self, layers: int, fail: bool = False) -> None:
+        self.layers, self.fail = layers, fail
+        self.last_hidden = torch.arange(2 * HIDDEN, dtype=torch.float32).reshape(2, HIDDEN) + 1
+
+    @property
+    def is_queued(self) -> bool:
+        return self.layers == 0
+
+    def advance(self, budget_s: float) -> bool:
+        if self.fail:
+            raise RuntimeError("kernel failed")
+        self.layers = 0 if budget_s == float("inf") else max(0, self.layers - 1)
+        return self.is_queued
+
+
+def _in_flight(forward, nonces):
+    from poc.worker import _InFlight
+
+    return _InFlight(forward, None, 0, "h", "pk", nonces, 4)  # no stream: as off CUDA, done once queued
+
+
+def test_poc_worker_polls_two_forwards_in_launch_order_queueing_the_newest():
+    worker = PocWorkerExtension()
+    worker._poc_in_flight.extend([_in_flight(Layerwise(0), [1, 2]), _in_flight(Layerwise(2), [3, 4])])
+    finished, artifacts, is_queued = worker.poc_poll(wait=False, budget_s=0.001)
+    assert finished and [n for n, _ in artifacts] == [1, 2] and not is_queued  # one of the newest's 2 layers
+    finished, artifacts, is_queued = worker.poc_poll(wait=False, budget_s=0.001)
+    assert finished and [n for n, _ in artifacts] == [3, 4] and is_queued and not worker._poc_in_flight
+
+
+def test_poc_worker_poll_answers_running_until_the_forward_is_wholly_queued():
+    worker = PocWorkerExtension()
+    worker._poc_in_flight.append(_in_flight(Layerwise(3), [1, 2]))
+    assert worker.poc_poll(wait=False, budget_s=0.001) == (False, None, False)
+    finished, artifacts, is_queued = worker.poc_poll(wait=True, budget_s=0.001)
+    assert finished and [n for n, _ in artifacts] == [1, 2] and is_queued
+
+
+def test_poc_worker_refuses_a_launch_behind_a_forward_not_wholly_queued():
+    worker = PocWorkerExtension()
+    worker._poc_in_flight.append(_in_flight(Layerwise(3), [1, 2]))
+    with pytest.raises(RuntimeError, match="not wholly queued"):
+        worker.poc_launch([1], "h", "pk", [3], 16, 4, False, True, 0.001)
+
+
+def test_poc_worker_failed_poll_drops_every_forward_in_flight():
+    worker = PocWorkerExtension()
+    worker._poc_in_flight.extend([_in_flight(Layerwise(0), [1, 2]), _in_flight(Layerwise(2, fail=True), [3, 4])])
+    with pytest.raises(RuntimeError, match="kernel failed"):
+        worker.poc_poll(wait=False, budget_s=0.001)
+    assert not worker._poc_in_flight

@@ -198,6 +198,18 @@ OVERLAPPED = [
      "blocked but nothing else runs: retry the launch"),
     (S(has_engine_work=True, has_poc_work=True, is_chat_gated=True, chat_share=1.0), (True, True),
      "chat gated (requests draining): the share does not hold PoC back"),
+    (S(has_engine_work=True, has_poc_work=True, is_poc_in_flight=True, has_poc_slot=True), (True, True),
+     "a forward in flight and a slot behind it: the next is launched beside chat"),
+    (S(has_engine_work=False, has_poc_work=True, is_poc_in_flight=True, has_poc_slot=True), (True, False),
+     "chat idle: the next forward is queued behind the one running"),
+    (S(has_engine_work=True, has_poc_work=True, is_poc_in_flight=True, has_poc_slot=False), (False, True),
+     "no slot (two in flight, or the newest not wholly queued): chat steps, no launch"),
+    (S(has_engine_work=False, has_poc_work=True, is_poc_in_flight=True, has_poc_slot=True, chat_share=1.0),
+     (False, False), "share 1: none queued behind the forward chat may have to wait for"),
+    (S(has_engine_work=False, has_poc_work=True, is_poc_in_flight=True, has_poc_slot=True, chat_share=1.0,
+       is_chat_gated=True), (True, False), "share 1 but chat gated: the next is queued behind"),
+    (S(has_engine_work=True, has_poc_work=True, is_poc_in_flight=True, has_poc_slot=True, is_poc_blocked=True),
+     (False, True), "a slot but no free KV blocks: chat steps to free some"),
 ]
 
 

@@ -108,6 +108,8 @@ def test_settings_frontend_id_defaults_to_host_pid():
     (backend_settings, [], {"POCSERVE_CHAT_SHARE": "nan"}, ["--chat-share"]),
     (backend_settings, ["--poc-overlap", "on", "--tensor-parallel-size", "2"], {}, ["--poc-overlap", "one rank"]),
     (backend_settings, [], {"POCSERVE_POC_OVERLAP": "sometimes"}, ["--poc-overlap", "POCSERVE_POC_OVERLAP"]),
+    (backend_settings, ["--poc-forwards-in-flight", "3"], {}, ["--poc-forwards-in-flight", "1 or 2"]),
+    (backend_settings, [], {"POCSERVE_POC_FORWARDS_IN_FLIGHT": "0"}, ["POCSERVE_POC_FORWARDS_IN_FLIGHT"]),
     (backend_settings, ["--nnodes", "0"], {}, ["--nnodes"]),
     (backend_settings, ["--nnodes", "2", "--node-rank", "2"], {}, ["--node-rank", "POCSERVE_NODE_RANK", "[0, 2)"]),
     (backend_settings, [], {"POCSERVE_NODE_RANK": "-1"}, ["--node-rank"]),
