@@ -1,10 +1,11 @@
-"""PoC artifact work between engine steps: jobs first, a mining round's batches after, one forward at a time.
+"""PoC artifact work between engine steps: jobs first, a mining round's batches after.
 
 Two lanes. The job lane holds /generate jobs (with or without wait) and direct artifact requests; the mining lane
 holds the round's batches. A validation decides another node's vote and has a deadline, so jobs go before the
-round: a job that arrives during mining waits for the forward in flight only. Jobs share the job lane round-robin,
-one forward each, so a small job never waits for a large one. While jobs wait, the round still gets one forward in
-every MINING_EVERY, so a stream of jobs slows mining but never stops it (jobs keep 7/8 of the device, mining 1/8).
+round: a job that arrives during mining waits for the forwards in flight only (two at most). Jobs share the job
+lane round-robin, one forward each, so a small job never waits for a large one. While jobs wait, the round still
+gets one forward in every MINING_EVERY, so a stream of jobs slows mining but never stops it (jobs keep 7/8 of the
+device, mining 1/8).
 
 `run_batch(limit)` runs one forward of at most `limit` nonces (the policy's size for it when chat shares the device)
 and records its duration, so the policy can size the next one. Where the runner overlaps forwards with chat's
