@@ -139,8 +139,9 @@ class ArtifactQueue:
 
     @property
     def has_slot(self) -> bool:
-        """launch_batch may start a forward now: the runner takes one more, and a task has nonces for it."""
-        return self._runner.can_launch and self._pick() is not None
+        """launch_batch may start a forward now: the runner takes one more, a task has nonces for it, and the last
+        launch found free KV blocks (if it did not, the forward in flight or an engine step frees some first)."""
+        return not self.is_blocked and self._runner.can_launch and self._pick() is not None
 
     def launch_batch(self, is_chat_running: bool, budget_s: float) -> None:
         """Starts a whole forward of the next task beside chat's steps, queueing what `budget_s` of host time

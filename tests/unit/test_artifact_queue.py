@@ -307,3 +307,20 @@ def test_artifact_queue_launch_without_free_blocks_waits_for_a_step():
     queue.launch_batch(is_chat_running=True, budget_s=0.001)
     queue.poll_batch(wait=True)
     assert done.calls[0][1] is None and not queue.is_blocked
+
+
+def test_artifact_queue_no_second_forward_while_the_last_launch_found_no_free_blocks():
+    runner = LaunchingRunner()
+    queue = ArtifactQueue(runner)
+    job, done = _task("validation", 8)
+    queue.submit(job)
+    queue.launch_batch(is_chat_running=False, budget_s=float("inf"))
+    runner.blocked = True
+    queue.launch_batch(is_chat_running=False, budget_s=float("inf"))
+    assert queue.is_blocked and not queue.has_slot  # no retry loop while the first forward runs
+    runner.blocked, runner.finished = False, True
+    queue.poll_batch()
+    assert not queue.is_blocked and queue.has_slot and job.launched == 0
+    queue.launch_batch(is_chat_running=False, budget_s=float("inf"))
+    queue.poll_batch()
+    assert [a.nonce for a in done.calls[0][0]] == list(range(8))
