@@ -229,7 +229,8 @@ def test_artifact_queue_second_forward_comes_from_the_next_task_when_the_first_i
     assert first_done.calls and job_done.calls and second_done.calls and len(queue) == 0
 
 
-def test_artifact_queue_failed_oldest_forward_fails_its_task_and_the_next_runs_again():
+def _bad_then_good() -> tuple[LaunchingRunner, ArtifactQueue, Done, ArtifactTask, Done]:
+    """A queue holding a task whose forward fails ("bad") before one whose forward succeeds ("good")."""
     runner = LaunchingRunner()
     queue = ArtifactQueue(runner)
     bad, bad_done = _task("bad", 4)
@@ -237,6 +238,11 @@ def test_artifact_queue_failed_oldest_forward_fails_its_task_and_the_next_runs_a
     queue.submit(bad)
     queue.submit(good)
     runner.fail_for = "bad"
+    return runner, queue, bad_done, good, good_done
+
+
+def test_artifact_queue_failed_oldest_forward_fails_its_task_and_the_next_runs_again():
+    runner, queue, bad_done, good, good_done = _bad_then_good()
     queue.launch_batch(is_chat_running=True, budget_s=0.001)
     queue.launch_batch(is_chat_running=True, budget_s=0.001)
     queue.poll_batch(wait=True)
@@ -279,13 +285,7 @@ def test_artifact_queue_forward_of_a_task_stopped_in_flight_is_dropped():
 
 
 def test_artifact_queue_failed_launched_forward_fails_its_task_only():
-    runner = LaunchingRunner()
-    queue = ArtifactQueue(runner)
-    bad, bad_done = _task("bad", 4)
-    good, good_done = _task("good", 4)
-    queue.submit(bad)
-    queue.submit(good)
-    runner.fail_for = "bad"
+    _, queue, bad_done, _, good_done = _bad_then_good()
     queue.launch_batch(is_chat_running=True, budget_s=0.001)
     queue.poll_batch(wait=True)
     assert bad_done.calls[0][0] == [] and "PoC forward failed" in bad_done.calls[0][1].message
