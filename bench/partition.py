@@ -10,16 +10,21 @@ stand-ins of the 0.6B shape's kernels, each replayed from a CUDA graph:
   SiLU, down; then the LM head and an argmax), timed per step with a host sync as the engine waits for each step;
 - PoC: one 32 × 1024 prefill forward of the same layers (causal attention, no LM head).
 
-Rows: chat alone on every SM; chat alone in a green context of the SMs PoC leaves it (SM count alone, no
-interference); chat beside PoC on 88 and 96 SMs; chat captured with cuBLAS told to use only the SMs PoC leaves
-(the SM-count target baked into its graph); PoC alone on every SM and on its share. For each row the SM clock and
-board power nvidia-smi sampled while it ran: a clock that drops beside PoC slows every chat kernel whatever the
-partition (the power limit, not the SMs).
+Rows:
+- each side alone on every SM and in green contexts of fewer SMs: how its rate follows its SM count, with no
+  interference (the frontier a strict partition gives: chat on s SMs, PoC on the rest);
+- chat on every SM at the highest priority beside PoC on a green context of 88 and 96 SMs (shared mode's layout),
+  with chat captured as is or with cuBLAS told to use only the SMs PoC leaves; and chat in a green context of the
+  SMs PoC leaves beside it. PoC's rate beside chat is timed on the host over whole forwards, chat running
+  throughout.
+For each row the SM clock and board power nvidia-smi sampled while it ran: a clock that drops beside PoC slows
+every chat kernel whatever the partition (the power limit, not the SMs).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import subprocess
 import time
@@ -67,7 +72,9 @@ def chat_step(weights: Weights, x: torch.Tensor, cache: tuple[torch.Tensor, torc
 
     for wts in weights.layers:
         x = _layer(x, wts, attend)
-    return (_norm(x) @ weights.lm_head).argmax(-1)
+    # vLLM's random sampling: fp32 logits, softmax, exponential noise, argmax (the Gumbel trick).
+    probs = (_norm(x) @ weights.lm_head).float().softmax(-1)
+    return probs.div_(torch.empty_like(probs).exponential_()).argmax(-1)
 
 
 def poc_forward(weights: Weights, x: torch.Tensor) -> torch.Tensor:
@@ -143,10 +150,67 @@ class Clocks:
         self.reasons = sorted({r[2].strip() for r in rows if len(r) > 2})
 
 
-def run_chat(graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, steps: int) -> list[float]:
-    """Seconds per step, each replay waited for on the host (as the engine waits for a step's tokens)."""
-    times = []
-    for _ in range(steps):
+class _SmResource(ctypes.Structure):
+    _fields_ = [("sm_count", ctypes.c_uint), ("min_partition", ctypes.c_uint), ("alignment", ctypes.c_uint),
+                ("flags", ctypes.c_uint)]
+
+
+class _WorkqueueConfig(ctypes.Structure):
+    _fields_ = [("device", ctypes.c_int), ("concurrency_limit", ctypes.c_uint), ("sharing_scope", ctypes.c_int)]
+
+
+class _Resource(ctypes.Structure):
+    """CUdevResource as CUDA 13 lays it out (144 bytes: type, 92 bytes of padding, a 40-byte union, a pointer);
+    12.4-12.9's is 144 bytes too (a 48-byte union)."""
+
+    class _Union(ctypes.Union):
+        _fields_ = [("sm", _SmResource), ("wq", _WorkqueueConfig), ("raw", ctypes.c_uint8 * 40)]
+
+    _fields_ = [("type", ctypes.c_int), ("pad", ctypes.c_uint8 * 92), ("u", _Union), ("next", ctypes.c_void_p)]
+
+
+def green_split(sms: int, priorities: tuple[int, int], balanced_wq: bool):
+    """Two green contexts over disjoint SMs (torch's GreenContext.create takes the first group of a fresh split
+    each time, so two of them overlap): `sms` SMs and the rest, each with a stream of the given priority, with
+    (balanced_wq) work queues of their own. Returns (stream on `sms`, stream on the rest, (n, rest), handles)."""
+    cuda = ctypes.CDLL("libcuda.so.1")
+
+    def check(name: str, code: int) -> None:
+        if code != 0:
+            raise RuntimeError(f"{name} failed: CUresult {code}")
+
+    dev = ctypes.c_int()
+    check("cuDeviceGet", cuda.cuDeviceGet(ctypes.byref(dev), 0))
+    whole, part, rest = _Resource(), _Resource(), _Resource()
+    check("cuDeviceGetDevResource(SM)", cuda.cuDeviceGetDevResource(dev, ctypes.byref(whole), 1))
+    groups = ctypes.c_uint(1)
+    check("cuDevSmResourceSplitByCount", cuda.cuDevSmResourceSplitByCount(
+        ctypes.byref(part), ctypes.byref(groups), ctypes.byref(whole), ctypes.byref(rest), 0, sms))
+    wq = _Resource()
+    if balanced_wq:
+        check("cuDeviceGetDevResource(WORKQUEUE_CONFIG)", cuda.cuDeviceGetDevResource(dev, ctypes.byref(wq), 1000))
+        wq.u.wq.sharing_scope = 1  # CU_WORKQUEUE_SCOPE_GREEN_CTX_BALANCED
+    streams, handles = [], []
+    for res, priority in zip((part, rest), priorities, strict=True):
+        pair = (_Resource * 2)()
+        ctypes.memmove(ctypes.addressof(pair[0]), ctypes.addressof(res), ctypes.sizeof(_Resource))
+        ctypes.memmove(ctypes.addressof(pair[1]), ctypes.addressof(wq), ctypes.sizeof(_Resource))
+        pair[0].next = pair[1].next = None
+        desc, ctx, stream = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+        check("cuDevResourceGenerateDesc", cuda.cuDevResourceGenerateDesc(ctypes.byref(desc), pair,
+                                                                         2 if balanced_wq else 1))
+        check("cuGreenCtxCreate", cuda.cuGreenCtxCreate(ctypes.byref(ctx), desc, dev, 1))
+        check("cuGreenCtxStreamCreate", cuda.cuGreenCtxStreamCreate(ctypes.byref(stream), ctx, 1, priority))
+        streams.append(torch.cuda.ExternalStream(stream.value))
+        handles.append((ctx, stream, pair))
+    return streams[0], streams[1], (part.u.sm.sm_count, rest.u.sm.sm_count), handles
+
+
+def run_chat(graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, steps: int = 0, until=None) -> list[float]:
+    """Seconds per step, each replay waited for on the host (as the engine waits for a step's tokens): `steps`
+    steps, or until `until()` is true."""
+    times: list[float] = []
+    while (until is None and len(times) < steps) or (until is not None and not until()):
         started = time.perf_counter()
         with torch.cuda.stream(stream):
             graph.replay()
@@ -155,32 +219,14 @@ def run_chat(graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, steps: int)
     return times
 
 
-def queue_poc(graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, n: int) -> list[torch.cuda.Event]:
-    """n replays queued back to back; an event after each."""
-    ends = []
+def queue_poc(graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, n: int) -> torch.cuda.Event:
+    """n replays queued back to back; the event after the last."""
     with torch.cuda.stream(stream):
-        start = torch.cuda.Event(enable_timing=True)
-        start.record()
-        ends.append(start)
         for _ in range(n):
             graph.replay()
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            ends.append(e)
-    return ends
-
-
-def poc_rate(events: list[torch.cuda.Event], seqs: int, window: tuple[float, float] | None = None) -> float:
-    """Sequences per second over the replays that ended inside `window` (ms from the first event), or all."""
-    torch.cuda.synchronize()
-    ends = [events[0].elapsed_time(e) for e in events[1:]]
-    if window is None:
-        return seqs * len(ends) / (ends[-1] / 1000)
-    lo, hi = window
-    inside = [t for t in ends if lo <= t <= hi]
-    if len(inside) < 2:
-        return float("nan")
-    return seqs * (len(inside) - 1) / ((inside[-1] - inside[0]) / 1000)
+        done = torch.cuda.Event()
+        done.record()
+    return done
 
 
 def main() -> None:
@@ -189,8 +235,11 @@ def main() -> None:
     p.add_argument("--ctx", type=int, default=256)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq-len", type=int, default=1024)
-    p.add_argument("--poc-sms", type=int, nargs="+", default=[88, 96])
-    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--poc-sms", type=int, nargs="+", default=[88, 96], help="PoC's green contexts beside chat")
+    p.add_argument("--curve-sms", type=int, nargs="*", default=[16, 32, 40, 48, 64, 88, 96, 112],
+                   help="green contexts each side runs alone on")
+    p.add_argument("--steps", type=int, default=400, help="chat steps per row alone")
+    p.add_argument("--forwards", type=int, default=16, help="PoC forwards per row")
     p.add_argument("--json")
     args = p.parse_args()
 
@@ -205,14 +254,13 @@ def main() -> None:
     cache = tuple(torch.randn(args.streams, KV_HEADS, args.ctx, HEAD_DIM, device=device, dtype=torch.bfloat16)
                   for _ in range(2))
     poc_x = torch.randn(args.batch, args.seq_len, HIDDEN, device=device, dtype=torch.bfloat16)
-    chat_stream = torch.cuda.Stream(device, priority=high)
-    poc_all = torch.cuda.Stream(device, priority=low)
-    greens = {sms: GreenContext.create(num_sms=sms, device_id=0) for sms in args.poc_sms}
-    poc_streams = {sms: g.Stream() for sms, g in greens.items()}
-    chat_leftover = total - max(args.poc_sms)
-    chat_sms = (chat_leftover // 8) * 8
-    chat_green = GreenContext.create(num_sms=chat_sms, device_id=0)
-    chat_green_stream = chat_green.Stream()
+    greens = {}  # SMs -> (context, stream); a context's streams live only as long as it does
+
+    def green_stream(sms: int) -> torch.cuda.Stream:
+        if sms not in greens:
+            g = GreenContext.create(num_sms=sms, device_id=0)
+            greens[sms] = (g, g.Stream())
+        return greens[sms][1]
 
     def chat_fn():
         return chat_step(weights, chat_x, cache)
@@ -220,76 +268,102 @@ def main() -> None:
     def poc_fn():
         return poc_forward(weights, poc_x)
 
-    chat_graphs = {"all SMs": (capture(chat_fn, chat_stream), chat_stream)}
-    for sms in args.poc_sms:
-        chat_graphs[f"cuBLAS target {total - sms}"] = (capture(chat_fn, chat_stream, carve=sms), chat_stream)
-    chat_graphs[f"green {chat_sms}"] = (capture(chat_fn, chat_green_stream), chat_green_stream)
-    poc_graphs = {"all": (capture(poc_fn, poc_all), poc_all)}
-    for sms in args.poc_sms:
-        poc_graphs[sms] = (capture(poc_fn, poc_streams[sms], carve=total - sms), poc_streams[sms])
-
     rows: list[dict] = []
 
-    def record(name: str, chat: list[float] | None, poc: float | None, clocks: Clocks) -> None:
-        row = {"row": name, "sm_mhz": clocks.sm_mhz, "power_w": clocks.power_w, "clock_reasons": clocks.reasons}
-        if chat is not None:
+    def record(name: str, clocks: Clocks, chat: list[float] | None = None, poc: float | None = None, **extra):
+        row = {"row": name, **extra, "sm_mhz": clocks.sm_mhz, "power_w": clocks.power_w,
+               "clock_reasons": clocks.reasons}
+        if chat:
             a = np.array(chat[len(chat) // 10:]) * 1000  # the first tenth as warm-up
-            row.update(chat_step_p50_ms=float(np.percentile(a, 50)), chat_step_p99_ms=float(np.percentile(a, 99)))
+            row.update(chat_step_p50_ms=float(np.percentile(a, 50)), chat_step_p99_ms=float(np.percentile(a, 99)),
+                       chat_steps=len(chat))
         if poc is not None:
             row["poc_seqs_per_s"] = poc
         rows.append(row)
         print(json.dumps(row), flush=True)
 
-    # PoC alone: its rate on every SM and on each share.
-    poc_alone = {}
-    for key, (graph, stream) in poc_graphs.items():
-        with Clocks() as clocks:
-            events = queue_poc(graph, stream, 20)
-            poc_alone[key] = poc_rate(events, args.batch)
-        record(f"PoC alone on {key} SMs", None, poc_alone[key], clocks)
-    per_forward_s = args.batch / poc_alone["all"]
+    def poc_alone(graph, stream) -> float:
+        queue_poc(graph, stream, 2).synchronize()  # warm
+        started = time.perf_counter()
+        queue_poc(graph, stream, args.forwards).synchronize()
+        return args.batch * args.forwards / (time.perf_counter() - started)
 
-    # Chat alone, each capture.
-    chat_alone_s = {}
-    for name, (graph, stream) in chat_graphs.items():
+    def beside(graph_p, stream_p, graph_c, stream_c) -> tuple[Clocks, list[float], float]:
+        """Chat's steps for as long as --forwards PoC forwards run (after one alone); PoC's rate over them."""
+        queue_poc(graph_p, stream_p, 1).synchronize()
+        started = time.perf_counter()
+        with Clocks() as clocks:
+            done = queue_poc(graph_p, stream_p, args.forwards)
+            times = run_chat(graph_c, stream_c, until=done.query)
+        return clocks, times, args.batch * args.forwards / (time.perf_counter() - started)
+
+    # Each side alone, on every SM and on fewer.
+    chat_stream = torch.cuda.Stream(device, priority=high)
+    poc_stream = torch.cuda.Stream(device, priority=low)
+    chat_graph = capture(chat_fn, chat_stream)
+    poc_graph = capture(poc_fn, poc_stream)
+    with Clocks() as clocks:
+        rate = poc_alone(poc_graph, poc_stream)
+    record("PoC alone", clocks, poc=rate, sms=total)
+    poc_base = rate
+    with Clocks() as clocks:
+        times = run_chat(chat_graph, chat_stream, args.steps)
+    record("chat alone", clocks, times, sms=total)
+    for sms in args.curve_sms:
+        stream = green_stream(sms)
+        graph = capture(poc_fn, stream, carve=total - sms)
+        with Clocks() as clocks:
+            rate = poc_alone(graph, stream)
+        record("PoC alone", clocks, poc=rate, sms=sms)
+        del graph
+        graph = capture(chat_fn, stream)
         with Clocks() as clocks:
             times = run_chat(graph, stream, args.steps)
-        chat_alone_s[name] = sum(times)
-        record(f"chat alone, {name}", times, None, clocks)
+        record("chat alone", clocks, times, sms=sms)
+        del graph
 
-    # Chat beside PoC on each share: PoC queued for longer than chat's steps take, chat's window timed by events.
+    # Beside: PoC on its green context, chat on every SM (as is, or cuBLAS told PoC's SMs are taken).
     for sms in args.poc_sms:
-        graph_p, stream_p = poc_graphs[sms]
-        for name, (graph_c, stream_c) in chat_graphs.items():
-            if name.startswith("green") and chat_sms + sms > total:
-                continue
-            # Queued for three times chat's steps alone (chat slows beside it) and one forward before them.
-            events = queue_poc(graph_p, stream_p, max(10, int(3 * chat_alone_s[name] / per_forward_s) + 2))
-            time.sleep(per_forward_s)  # PoC running before chat's first step
-            with Clocks() as clocks:
-                mark0 = torch.cuda.Event(enable_timing=True)
-                with torch.cuda.stream(stream_c):
-                    mark0.record()
-                times = run_chat(graph_c, stream_c, args.steps)
-                mark1 = torch.cuda.Event(enable_timing=True)
-                with torch.cuda.stream(stream_c):
-                    mark1.record()
-            torch.cuda.synchronize()
-            window = (events[0].elapsed_time(mark0), events[0].elapsed_time(mark1))
-            rate = poc_rate(events, args.batch, window)
-            last_end = events[0].elapsed_time(events[-1])
-            note = "" if last_end > window[1] else " (PoC ended before chat: rate unreliable)"
-            record(f"chat {name} beside PoC on {sms} SMs{note}", times, rate, clocks)
+        stream_p = green_stream(sms)
+        graph_p = capture(poc_fn, stream_p, carve=total - sms)
+        # (Not chat on a green context of torch's too: each GreenContext.create takes the first SMs of the device,
+        # so chat's and PoC's would overlap; the disjoint split is below.)
+        chats = {"chat on every SM": (chat_graph, chat_stream),
+                 f"chat on every SM, cuBLAS target {total - sms}": (capture(chat_fn, chat_stream, carve=sms),
+                                                                    chat_stream)}
+        for name, (graph_c, stream_c) in chats.items():
+            record(f"{name} beside PoC", *beside(graph_p, stream_p, graph_c, stream_c), sms=sms)
 
-    summary = {"device": torch.cuda.get_device_name(device), "total_sms": total, "chat_green_sms": chat_sms,
-               "args": vars(args), "rows": rows}
-    chat_base = next(r for r in rows if r["row"] == "chat alone, all SMs")["chat_step_p50_ms"]
-    print("\nrow | chat step p50 ms (x alone) | PoC seqs/s (x alone on all) | SM MHz | W")
+    # Disjoint green contexts: PoC on `sms`, chat on the rest (cuBLAS told so), with shared or balanced work queues;
+    # and PoC alone in a balanced one beside chat on every SM.
+    for sms in args.poc_sms:
+        for balanced in (False, True):
+            try:
+                stream_p, stream_c, counts, handles = green_split(sms, (low, high), balanced)
+            except Exception as e:
+                print(f"green_split({sms}, balanced={balanced}): {e}", flush=True)
+                continue
+            wq = "balanced work queues" if balanced else "shared work queues"
+            graph_p = capture(poc_fn, stream_p, carve=total - counts[0])
+            graph_c = capture(chat_fn, stream_c, carve=total - counts[1])
+            with Clocks() as clocks:
+                times = run_chat(graph_c, stream_c, args.steps)
+            record(f"chat alone on the rest ({counts[1]}), {wq}", clocks, times, sms=counts[1])
+            layouts = {f"chat on the rest ({counts[1]})": (graph_c, stream_c),
+                       "chat on every SM": (chat_graph, chat_stream)}
+            for name, (g_c, s_c) in layouts.items():
+                record(f"{name} beside PoC on a disjoint green context, {wq}", *beside(graph_p, stream_p, g_c, s_c),
+                       sms=counts[0])
+            del graph_p, graph_c, handles
+
+    summary = {"device": torch.cuda.get_device_name(device), "total_sms": total, "args": vars(args), "rows": rows}
+    chat_base = next(r for r in rows if r["row"] == "chat alone")["chat_step_p50_ms"]
+    print("\nrow | SMs | chat step p50/p99 ms (p50 x alone on all) | PoC seqs/s (x alone on all) | SM MHz | W")
     for r in rows:
         c, pc = r.get("chat_step_p50_ms"), r.get("poc_seqs_per_s")
-        chat = "" if c is None else f"{c:.3f} ({c / chat_base:.2f}x)"
-        poc = "" if pc is None else f"{pc:.1f} ({pc / poc_alone['all']:.3f})"
-        print(f"{r['row']} | {chat} | {poc} | {r['sm_mhz']:.0f} | {r['power_w']:.0f}")
+        chat = "" if c is None else f"{c:.3f}/{r['chat_step_p99_ms']:.3f} ({c / chat_base:.2f}x)"
+        poc = "" if pc is None else f"{pc:.1f} ({pc / poc_base:.3f})"
+        print(f"{r['row']} | {r['sms']} | {chat} | {poc} | {r['sm_mhz']:.0f} | {r['power_w']:.0f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=2)
