@@ -288,14 +288,47 @@ def main() -> None:
         queue_poc(graph, stream, args.forwards).synchronize()
         return args.batch * args.forwards / (time.perf_counter() - started)
 
-    def beside(graph_p, stream_p, graph_c, stream_c) -> tuple[Clocks, list[float], float]:
-        """Chat's steps for as long as --forwards PoC forwards run (after one alone); PoC's rate over them."""
+    def beside(graph_p, stream_p, graph_c, stream_c, n: int = args.forwards) -> tuple[Clocks, list[float], float]:
+        """Chat's steps for as long as n PoC forwards run (after one alone); PoC's sequences/s over them."""
         queue_poc(graph_p, stream_p, 1).synchronize()
         started = time.perf_counter()
         with Clocks() as clocks:
-            done = queue_poc(graph_p, stream_p, args.forwards)
+            done = queue_poc(graph_p, stream_p, n)
             times = run_chat(graph_c, stream_c, until=done.query)
-        return clocks, times, args.batch * args.forwards / (time.perf_counter() - started)
+        return clocks, times, args.batch * n / (time.perf_counter() - started)
+
+    def load_rows(stream_p, sms: int, graph_c, stream_c) -> None:
+        """What of PoC's work slows chat on SMs of its own: chat beside loads that stress one thing each, on
+        PoC's SMs for ~2 s: big GEMMs (compute, little memory traffic), copies (HBM bandwidth), and a stream of
+        tiny kernels (the work distributor, nothing else)."""
+        a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+        big = torch.empty(256 * 2**20, device=device, dtype=torch.bfloat16)
+        small = torch.zeros(1024, device=device)
+
+        def compute():
+            for _ in range(32):
+                a @ a
+
+        def bandwidth():
+            for _ in range(16):
+                big.mul_(1.0)  # reads and writes 512 MB
+
+        def tiny():
+            for _ in range(1000):
+                small.add_(1.0)
+
+        for name, fn in (("compute (GEMMs)", compute), ("HBM bandwidth (copies)", bandwidth),
+                         ("tiny kernels (dispatch)", tiny)):
+            graph = capture(fn, stream_p, carve=total - sms)
+            started = time.perf_counter()
+            queue_poc(graph, stream_p, 3).synchronize()
+            replay_s = (time.perf_counter() - started) / 3
+            n = max(3, int(2.0 / replay_s))
+            clocks, times, rate = beside(graph, stream_p, graph_c, stream_c, n)
+            # beside() counts --batch sequences per replay: the load's time per replay beside chat over alone.
+            record(f"chat on the rest beside {name} on {sms} SMs", clocks, times, sms=sms,
+                   load_slowdown=round(args.batch / (rate * replay_s), 3))
+            del graph
 
     # Each side alone, on every SM and on fewer.
     chat_stream = torch.cuda.Stream(device, priority=high)
@@ -354,6 +387,8 @@ def main() -> None:
             for name, (g_c, s_c) in layouts.items():
                 record(f"{name} beside PoC on a disjoint green context, {wq}", *beside(graph_p, stream_p, g_c, s_c),
                        sms=counts[0])
+            if not balanced and sms == args.poc_sms[0]:
+                load_rows(stream_p, counts[0], graph_c, stream_c)
             del graph_p, graph_c, handles
 
     summary = {"device": torch.cuda.get_device_name(device), "total_sms": total, "args": vars(args), "rows": rows}
