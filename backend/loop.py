@@ -27,6 +27,11 @@ _POLL_S = 0.001
 # Host time the engine thread spends queueing a PoC forward's layers between two chat steps: below an H100 decode
 # step (2-3 ms), so that the step queued ahead (async scheduling) keeps chat's GPU busy meanwhile.
 POC_LAUNCH_SLICE_S = 0.0015
+# After chat's last request ends the loop counts chat as running this much longer: a client's next request (the
+# next turn of a conversation, a stream restarted) usually comes within it, and a PoC forward started as for an
+# idle engine (up to IDLE_FORWARD_S on the CPU engine, a whole forward on every SM of a GPU) would hold it back.
+# PoC gives up at most this much per quiet spell.
+CHAT_LINGER_S = 0.1
 # Stats are published at most this often while busy (and on every idle wake-up).
 _PUBLISH_INTERVAL_S = 0.05
 # Timers (expired job results, the processor's liveness) run at most this often.
@@ -52,6 +57,7 @@ class BackendLoop:
         self.share = share
         self._published_at = 0.0
         self._timers_at = time.monotonic()
+        self._chat_seen_at = float("-inf")  # chat has not run yet
         self.handlers: dict[type, Callable] = {**chat.handlers(), **pow.handlers()}
 
     def run(self) -> None:
@@ -74,7 +80,9 @@ class BackendLoop:
         in_flight = self.pow.is_in_flight
         can_act = self.chat.has_work() or (self.pow.has_work() and (not in_flight or self.pow.has_slot))
         self.ingest(block=not can_act, timeout_s=_POLL_S if in_flight else _IDLE_WAIT_S)
-        is_chat_running = self.chat.has_work() or self.chat.is_preparing()
+        # A forward launched in chat's linger goes beside chat (PoC's SMs, slices): the next request is coming. Not
+        # while chat is gated (an exclusive round): none can come.
+        is_chat_running = self.linger_s() > 0 and not self.chat.is_gated
         budget_s = POC_LAUNCH_SLICE_S if is_chat_running else float("inf")
         if in_flight:
             # Nothing can arrive for PoC to make room for while chat is gated (an exclusive round).
@@ -93,11 +101,19 @@ class BackendLoop:
         self.publish()
         self.on_timer()
 
+    def linger_s(self) -> float:
+        """Seconds chat still counts as running: CHAT_LINGER_S while it has work (or a request is being
+        prepared), then what is left of it."""
+        now = time.monotonic()
+        if self.chat.has_work() or self.chat.is_preparing():
+            self._chat_seen_at = now
+        return max(0.0, self._chat_seen_at + CHAT_LINGER_S - now)
+
     def snapshot(self) -> policy.Snapshot:
         cost, max_batch = self.pow.next_forward()
         return policy.Snapshot(
             has_engine_work=self.chat.has_work(), is_chat_preparing=self.chat.is_preparing(),
-            is_chat_gated=self.chat.is_gated, has_poc_work=self.pow.has_batch(),
+            is_chat_recent=self.linger_s() > 0, is_chat_gated=self.chat.is_gated, has_poc_work=self.pow.has_batch(),
             is_poc_blocked=self.pow.is_blocked, poc_credit_s=self.share.credit_s, poc_cost=cost,
             poc_max_batch=max_batch, is_poc_in_flight=self.pow.is_in_flight, has_poc_slot=self.pow.has_slot,
             chat_share=self.share.share)
@@ -145,6 +161,8 @@ class BackendLoop:
                           credit_ms=round(self.share.credit_s * 1000, 2))
             case policy.Idle():
                 self.engine.poc.release()  # PoC keeps its KV blocks between forwards; no forward is coming
+                if self.pow.has_batch():  # PoC waits for chat: out its linger, or for a request being prepared
+                    self.ingest(block=True, timeout_s=self.linger_s() or _POLL_S)
 
     def step_engine(self) -> None:
         self.chat.route(self.engine.step())

@@ -3,7 +3,8 @@
 When chat and PoC work compete, chat keeps its share of the device (`share.py` keeps the account): PoC runs only
 once its credit buys an efficient forward (pow/cost.py: at most a fifth of its time fixed overhead), and then as
 many sequences as the credit buys. A chat request still being tokenized counts as chat: PoC does not start a long
-forward just before it reaches the engine. With chat idle, PoC runs forwards back to back, each at most
+forward just before it reaches the engine, and neither does chat that had work a moment ago (the loop's linger:
+a client's next request is usually on its way). With chat idle, PoC runs forwards back to back, each at most
 IDLE_FORWARD_S long (a chat that arrives waits for the one in flight) unless a shorter one would waste more than
 IDLE_MAX_OVERHEAD of its time, and whole ones while chat is gated (an exclusive round); with nothing to run, the
 loop blocks on its inbox. That is `choose`, for time-slicing; where PoC forwards run beside chat steps
@@ -29,6 +30,8 @@ class Snapshot:
     has_engine_work: bool
     # Chat requests on their way to the engine (the processor is tokenizing them).
     is_chat_preparing: bool = False
+    # Chat had work within the loop's linger (CHAT_LINGER_S): PoC is sized as if it still had.
+    is_chat_recent: bool = False
     # Chat is refused (an exclusive-mode round): no request can arrive for PoC to make room for.
     is_chat_gated: bool = False
     # PoC artifact work is queued (jobs or a round's batch).
@@ -76,7 +79,11 @@ def choose(s: Snapshot) -> Work:
     if not poc_ready:
         return chat
     if not (s.has_engine_work or s.is_chat_preparing):
-        return PocBatch() if s.is_chat_gated else _idle_forward(s)
+        if s.is_chat_gated:
+            return PocBatch()
+        if not s.is_chat_recent:
+            return _idle_forward(s)
+        # Chat just went quiet: PoC spends what credit it has left, then waits out the linger.
     if s.poc_credit_s <= 0:
         return chat
     if s.poc_credit_s == float("inf"):

@@ -1,0 +1,100 @@
+"""The engine loop's linger: chat counts as running for CHAT_LINGER_S after its last request, and PoC waits it out on
+the inbox (a message wakes it) instead of spinning or starting a forward the next request would wait behind."""
+
+from __future__ import annotations
+
+import queue
+from types import SimpleNamespace
+
+import pytest
+
+from backend import loop as loop_module
+from backend import policy
+from backend.loop import CHAT_LINGER_S, BackendLoop
+from backend.share import ChatShare
+
+
+class FakeChat:
+    def __init__(self) -> None:
+        self.work = False
+        self.preparing = False
+        self.is_gated = False
+
+    def has_work(self) -> bool:
+        return self.work
+
+    def is_preparing(self) -> bool:
+        return self.preparing
+
+    def handlers(self) -> dict:
+        return {}
+
+
+class RecordingInbox:
+    """An empty inbox that records how long each blocking get would have waited."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[float] = []
+
+    def get(self, timeout: float):
+        self.timeouts.append(timeout)
+        raise queue.Empty
+
+    def get_nowait(self):
+        raise queue.Empty
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    now = SimpleNamespace(t=1000.0)
+    monkeypatch.setattr(loop_module.time, "monotonic", lambda: now.t)
+    return now
+
+
+def _loop(chat: FakeChat, inbox=None, has_batch: bool = False) -> BackendLoop:
+    pow = SimpleNamespace(handlers=lambda: {}, has_batch=lambda: has_batch)
+    engine = SimpleNamespace(poc=SimpleNamespace(release=lambda: None))
+    return BackendLoop(engine, inbox or queue.Queue(), None, chat=chat, pow=pow, send=lambda *a: None,
+                       share=ChatShare(0.5))
+
+
+def test_linger_runs_from_chats_last_request(clock):
+    chat = FakeChat()
+    loop = _loop(chat)
+    assert loop.linger_s() == 0.0  # chat never ran
+    chat.work = True
+    assert loop.linger_s() == pytest.approx(CHAT_LINGER_S)
+    clock.t += 5.0
+    assert loop.linger_s() == pytest.approx(CHAT_LINGER_S)  # still running: the linger starts when it stops
+    chat.work = False
+    clock.t += 0.4 * CHAT_LINGER_S
+    assert loop.linger_s() == pytest.approx(0.6 * CHAT_LINGER_S)
+    clock.t += 0.7 * CHAT_LINGER_S
+    assert loop.linger_s() == 0.0
+
+
+def test_linger_counts_a_request_being_prepared(clock):
+    chat = FakeChat()
+    loop = _loop(chat)
+    chat.preparing = True
+    loop.linger_s()
+    chat.preparing = False
+    clock.t += 0.5 * CHAT_LINGER_S
+    assert loop.linger_s() == pytest.approx(0.5 * CHAT_LINGER_S)
+
+
+def test_idle_with_poc_waiting_blocks_on_the_inbox_for_the_linger(clock):
+    chat, inbox = FakeChat(), RecordingInbox()
+    loop = _loop(chat, inbox, has_batch=True)
+    chat.work = True
+    loop.linger_s()
+    chat.work = False
+    clock.t += 0.25 * CHAT_LINGER_S
+    loop.execute(policy.Idle())
+    assert inbox.timeouts == [pytest.approx(0.75 * CHAT_LINGER_S)]
+
+
+def test_idle_with_nothing_waiting_does_not_block(clock):
+    inbox = RecordingInbox()
+    _loop(FakeChat(), inbox, has_batch=False).execute(policy.Idle())
+    assert inbox.timeouts == []  # the next turn's ingest blocks, with the loop's own idle wait
