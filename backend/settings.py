@@ -113,7 +113,7 @@ class BackendSettings:
                                        "undelivered callbacks kept (oldest dropped and counted beyond)")
     stop_flush_timeout_s: float = setting("POCSERVE_STOP_FLUSH_TIMEOUT_S", 5.0,
                                           "how long /stop waits to deliver computed artifacts before answering")
-    chat_share: float = setting("POCSERVE_CHAT_SHARE", 0.5,
+    chat_share: float = setting("POCSERVE_CHAT_SHARE", 0.6,
                                 "fraction of the device chat keeps while chat and PoC work (mining in shared mode, "
                                 "validation jobs always) compete, in [0, 1]: 1 = PoC only when chat is idle, 0 = "
                                 "chat only when PoC is idle; time-sliced, PoC forwards are sized to it from measured "

@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--big-job-nonces", type=int, default=1000)
     p.add_argument("--streams", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--chat-share", type=float, default=0.5)
+    p.add_argument("--chat-share", type=float, default=0.6, help="the backend's default")
     p.add_argument("--backend-arg", action="append", default=[],
                    help="one more backend argument for the chat part (repeat: --backend-arg=--poc-overlap "
                         "--backend-arg=off)")
