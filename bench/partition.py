@@ -1,24 +1,27 @@
 """Why chat slows beside a PoC forward on PoC's share of the SMs: torch alone, no vLLM, one CUDA GPU.
 
-    python -m bench.partition [--json out.json]
+    python -m bench.partition [--curve-sms N ...] [--poc-sms N ...] [--json out.json]
 
 Shared mode runs chat's decode steps on a highest-priority stream and the PoC forward on a green context of
-(1 − share) of the SMs (poc/streams.py). On an H100 (0.6B shape, 16 streams) chat's TPOT p50 rose ~27% beside the
-forward while PoC kept ~0.76x its exclusive rate on 88 of 132 SMs. This separates the candidate causes with
-stand-ins of the 0.6B shape's kernels, each replayed from a CUDA graph:
+(1 − share) of the SMs (poc/streams.py). On an H100 (0.6B shape, 16 streams) chat's TPOT p50 rose 18-31% beside
+the forward on 88 of 132 SMs, while PoC kept ~0.76x its exclusive rate. This separates the causes with stand-ins
+of the 0.6B shape's kernels, each replayed from a CUDA graph:
 - chat: one decode step of 16 sequences (28 layers: RMSNorm, QKV, attention over a 256-token cache, O, gate-up,
-  SiLU, down; then the LM head and an argmax), timed per step with a host sync as the engine waits for each step;
+  SiLU, down; then the LM head and vLLM's random sampling), timed per step with a host sync as the engine waits
+  for each step;
 - PoC: one 32 × 1024 prefill forward of the same layers (causal attention, no LM head).
 
 Rows:
-- each side alone on every SM and in green contexts of fewer SMs: how its rate follows its SM count, with no
-  interference (the frontier a strict partition gives: chat on s SMs, PoC on the rest);
-- chat on every SM at the highest priority beside PoC on a green context of 88 and 96 SMs (shared mode's layout),
-  with chat captured as is or with cuBLAS told to use only the SMs PoC leaves; and chat in a green context of the
-  SMs PoC leaves beside it. PoC's rate beside chat is timed on the host over whole forwards, chat running
-  throughout.
-For each row the SM clock and board power nvidia-smi sampled while it ran: a clock that drops beside PoC slows
-every chat kernel whatever the partition (the power limit, not the SMs).
+- each side alone on every SM and on green contexts of fewer (--curve-sms): how its rate follows its SM count
+  with nothing beside it;
+- chat on every SM at the highest priority beside PoC on a green context of --poc-sms SMs (shared mode's layout),
+  chat captured as is or with cuBLAS told to use only the SMs PoC leaves;
+- a disjoint split made through the driver API (`green_split`: torch's contexts all start at the first SMs):
+  chat alone on the SMs PoC leaves, then beside PoC, and beside loads that stress one thing each (GEMMs, HBM
+  copies, tiny kernels) to tell what of PoC's work slows chat on SMs of its own; with balanced work queues too
+  where the driver has them (CUDA 13.1).
+PoC's rate beside chat is timed on the host over whole forwards, chat stepping throughout. Each row also has the
+SM clock and board power nvidia-smi sampled while it ran: a clock that drops slows chat whatever the split.
 """
 
 from __future__ import annotations
