@@ -4,6 +4,7 @@ the inbox (a message wakes it) instead of spinning or starting a forward the nex
 from __future__ import annotations
 
 import queue
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -46,8 +47,9 @@ class RecordingInbox:
 
 @pytest.fixture
 def clock(monkeypatch):
+    """A clock for the loop module alone (patching time.monotonic itself would move every thread's clock)."""
     now = SimpleNamespace(t=1000.0)
-    monkeypatch.setattr(loop_module.time, "monotonic", lambda: now.t)
+    monkeypatch.setattr(loop_module, "time", SimpleNamespace(monotonic=lambda: now.t, perf_counter=time.perf_counter))
     return now
 
 
