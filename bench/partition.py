@@ -16,7 +16,7 @@ Rows:
   with nothing beside it;
 - chat on every SM at the highest priority beside PoC on a green context of --poc-sms SMs (shared mode's layout),
   chat captured as is or with cuBLAS told to use only the SMs PoC leaves;
-- a disjoint split made through the driver API (`green_split`: torch's contexts all start at the first SMs):
+- a disjoint split made through the driver API (bench/green_split.py: torch's contexts all start at the first SMs):
   chat alone on the SMs PoC leaves, then beside PoC, and beside loads that stress one thing each (GEMMs, HBM
   copies, tiny kernels) to tell what of PoC's work slows chat on SMs of its own; with balanced work queues too
   where the driver has them (CUDA 13.1).
@@ -27,15 +27,16 @@ SM clock and board power nvidia-smi sampled while it ran: a clock that drops slo
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import subprocess
 import time
-from contextlib import contextmanager
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from bench.green_split import green_split
+from poc.streams import cublas_carveout
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS, VOCAB = 1024, 16, 8, 128, 3072, 28, 151936
 
@@ -98,21 +99,10 @@ def poc_forward(weights: Weights, x: torch.Tensor) -> torch.Tensor:
     return x[:, -1]
 
 
-@contextmanager
-def carveout(sms: int):
-    """cuBLAS GEMMs issued (or captured) inside leave `sms` SMs free."""
-    previous = torch._C._get_sm_carveout_experimental()
-    torch._C._set_sm_carveout_experimental(sms or None)
-    try:
-        yield
-    finally:
-        torch._C._set_sm_carveout_experimental(previous)
-
-
 def capture(fn, stream: torch.cuda.Stream, carve: int = 0) -> torch.cuda.CUDAGraph:
     """fn captured on `stream` (after two eager runs there, which warm cuBLAS's handle for it)."""
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), carveout(carve):
+    with torch.cuda.stream(stream), cublas_carveout(carve):
         for _ in range(2):
             fn()
         stream.synchronize()
@@ -151,62 +141,6 @@ class Clocks:
         self.sm_mhz = float(np.median([float(r[0]) for r in rows])) if rows else float("nan")
         self.power_w = float(np.median([float(r[1]) for r in rows])) if rows else float("nan")
         self.reasons = sorted({r[2].strip() for r in rows if len(r) > 2})
-
-
-class _SmResource(ctypes.Structure):
-    _fields_ = [("sm_count", ctypes.c_uint), ("min_partition", ctypes.c_uint), ("alignment", ctypes.c_uint),
-                ("flags", ctypes.c_uint)]
-
-
-class _WorkqueueConfig(ctypes.Structure):
-    _fields_ = [("device", ctypes.c_int), ("concurrency_limit", ctypes.c_uint), ("sharing_scope", ctypes.c_int)]
-
-
-class _Resource(ctypes.Structure):
-    """CUdevResource as CUDA 13 lays it out (144 bytes: type, 92 bytes of padding, a 40-byte union, a pointer);
-    12.4-12.9's is 144 bytes too (a 48-byte union)."""
-
-    class _Union(ctypes.Union):
-        _fields_ = [("sm", _SmResource), ("wq", _WorkqueueConfig), ("raw", ctypes.c_uint8 * 40)]
-
-    _fields_ = [("type", ctypes.c_int), ("pad", ctypes.c_uint8 * 92), ("u", _Union), ("next", ctypes.c_void_p)]
-
-
-def green_split(sms: int, priorities: tuple[int, int], balanced_wq: bool):
-    """Two green contexts over disjoint SMs (torch's GreenContext.create takes the first group of a fresh split
-    each time, so two of them overlap): `sms` SMs and the rest, each with a stream of the given priority, with
-    (balanced_wq) work queues of their own. Returns (stream on `sms`, stream on the rest, (n, rest), handles)."""
-    cuda = ctypes.CDLL("libcuda.so.1")
-
-    def check(name: str, code: int) -> None:
-        if code != 0:
-            raise RuntimeError(f"{name} failed: CUresult {code}")
-
-    dev = ctypes.c_int()
-    check("cuDeviceGet", cuda.cuDeviceGet(ctypes.byref(dev), 0))
-    whole, part, rest = _Resource(), _Resource(), _Resource()
-    check("cuDeviceGetDevResource(SM)", cuda.cuDeviceGetDevResource(dev, ctypes.byref(whole), 1))
-    groups = ctypes.c_uint(1)
-    check("cuDevSmResourceSplitByCount", cuda.cuDevSmResourceSplitByCount(
-        ctypes.byref(part), ctypes.byref(groups), ctypes.byref(whole), ctypes.byref(rest), 0, sms))
-    wq = _Resource()
-    if balanced_wq:
-        check("cuDeviceGetDevResource(WORKQUEUE_CONFIG)", cuda.cuDeviceGetDevResource(dev, ctypes.byref(wq), 1000))
-        wq.u.wq.sharing_scope = 1  # CU_WORKQUEUE_SCOPE_GREEN_CTX_BALANCED
-    streams, handles = [], []
-    for res, priority in zip((part, rest), priorities, strict=True):
-        pair = (_Resource * 2)()
-        ctypes.memmove(ctypes.addressof(pair[0]), ctypes.addressof(res), ctypes.sizeof(_Resource))
-        ctypes.memmove(ctypes.addressof(pair[1]), ctypes.addressof(wq), ctypes.sizeof(_Resource))
-        pair[0].next = pair[1].next = None
-        desc, ctx, stream = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
-        check("cuDevResourceGenerateDesc", cuda.cuDevResourceGenerateDesc(ctypes.byref(desc), pair,
-                                                                         2 if balanced_wq else 1))
-        check("cuGreenCtxCreate", cuda.cuGreenCtxCreate(ctypes.byref(ctx), desc, dev, 1))
-        check("cuGreenCtxStreamCreate", cuda.cuGreenCtxStreamCreate(ctypes.byref(stream), ctx, 1, priority))
-        streams.append(torch.cuda.ExternalStream(stream.value))
-        handles.append((ctx, stream, pair))
-    return streams[0], streams[1], (part.u.sm.sm_count, rest.u.sm.sm_count), handles
 
 
 def run_chat(graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, steps: int = 0, until=None) -> list[float]:
@@ -370,8 +304,8 @@ def main() -> None:
         for name, (graph_c, stream_c) in chats.items():
             record(f"{name} beside PoC", *beside(graph_p, stream_p, graph_c, stream_c), sms=sms)
 
-    # Disjoint green contexts: PoC on `sms`, chat on the rest (cuBLAS told so), with shared or balanced work queues;
-    # and PoC alone in a balanced one beside chat on every SM.
+    # Disjoint green contexts: PoC on `sms`, chat on the rest (cuBLAS told so) or on every SM, with shared or
+    # balanced work queues.
     for sms in args.poc_sms:
         for balanced in (False, True):
             try:
