@@ -80,10 +80,10 @@ class _NodeBody(BaseModel):
 class InitGenerateRequest(_NodeBody):
     group_id: Index = 0
     n_groups: Count = 1
-    # node_id >= node_count is accepted, as in the fork: dapi sends node_id = its NodeNum, a 1-based counter that
-    # only grows, and node_count = its current number of nodes, so a host with one node sends (1, 1). Nonce
-    # ranges are disjoint only for node_id < node_count and group_id < n_groups (spec §2.4), which is the
-    # client's business; refusing other values would stop that host from mining.
+    # Any node_id and group_id >= 0 are accepted, as in the fork: dapi sends node_id = its NodeNum, a 1-based
+    # counter that only grows, with node_count = its current number of nodes, so node_id may exceed node_count.
+    # The nonces are the fork's for the same numbers (poc/nonces.py); whether ranges overlap is the network's
+    # business, and refusing would stop that host from mining.
 
     def to_wire(self, rid: str) -> PowInitRequest:
         return PowInitRequest(rid=rid, node=self.node(), params=self.params.to_wire(), group_id=self.group_id,
@@ -133,8 +133,8 @@ class StatTestModel(BaseModel):
 
 
 class GenerateRequest(_NodeBody):
-    # node_id/node_count do not affect the computation here (only echoed in callbacks), so their relation is
-    # not checked: the validator's node number need not be below the count of nodes serving the model.
+    # node_id/node_count do not affect the computation here (only echoed in callbacks): a validator sends its own
+    # NodeNum with the count of its nodes serving the model, so node_id may exceed node_count (as in the fork).
     nonces: Annotated[list[Int64], Field(min_length=1)]
     # False: queue the job and answer with its id (what the network client does).
     wait: bool = False

@@ -1,11 +1,13 @@
-"""The nonce range of one node in a PoC round (spec §2.4): the x-th nonce is node_id + g·N + x·(G·N).
+"""The nonce range of one node in a PoC round: the x-th nonce is node_id + group_id·N + x·(n_groups·N).
 
-Nodes within groups (g < G) interleave with stride G·N, so their ranges are disjoint when their node_id values
-differ modulo N. Both numberings in use are accepted: 0-based (0..N-1, the fork's tests and the spec's examples)
-and 1-based (1..N: the network's dapi sends node_id = its NodeNum, a counter that starts at 1, and node_count =
-its number of nodes, so a host with one node sends (1, 1)). Within either numbering the ranges are disjoint. A
-node_id above N cannot be either, and would mine the nonces of another node (3 with N = 2 is node 1's range): it is
-refused, as are group_id ≥ G, negative ids and counts below 1 (see docs/decisions.md).
+This is the fork's arithmetic, unchanged (gonka-ai/vllm, vllm/poc/routes.py, `NonceIterator`: offset = node_id +
+group_id * n_nodes, step = n_groups * n_nodes), and, as there, any node_id and group_id ≥ 0 are accepted: the network's
+dapi sends node_id = its NodeNum, a counter that starts at 1 and only grows, with node_count = its current number
+of nodes (gonka-ai/gonka, decentralized-api/broker), so node_id ≥ node_count is normal after nodes were removed and
+re-added. Whether two nodes' ranges overlap is the network's business; a node that computes other nonces than the
+fork for the same numbers would be judged invalid. Refused, with the field named, only what no sender means:
+negative node_id or group_id (NodeNum starts at 1; the ML node's proxy sends group_id = the backend's index in
+range(n_groups)) and counts below 1 (a step of 0 would repeat one nonce forever). See docs/decisions.md.
 """
 
 from __future__ import annotations
@@ -16,16 +18,15 @@ from poc.errors import PocInputError
 
 
 def check_node(node_id: int, node_count: int, group_id: int = 0, n_groups: int = 1) -> None:
-    """Raises PocInputError naming the field when these numbers cannot describe one node of one group."""
+    """Raises PocInputError naming the field when these numbers give no nonce sequence (see the module docstring)."""
     if node_count < 1:
         raise PocInputError("node_count", f"must be >= 1, got {node_count}")
     if n_groups < 1:
         raise PocInputError("n_groups", f"must be >= 1, got {n_groups}")
-    if not 0 <= node_id <= node_count:
-        raise PocInputError("node_id", f"must be in [0, node_count={node_count}] (0- or 1-based numbering), "
-                                       f"got {node_id}")
-    if not 0 <= group_id < n_groups:
-        raise PocInputError("group_id", f"must be in [0, n_groups={n_groups}), got {group_id}")
+    if node_id < 0:
+        raise PocInputError("node_id", f"must be >= 0, got {node_id}")
+    if group_id < 0:
+        raise PocInputError("group_id", f"must be >= 0, got {group_id}")
 
 
 class NonceIterator:

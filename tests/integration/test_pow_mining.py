@@ -139,21 +139,28 @@ def test_mining_round_streams_generated_callbacks_that_revalidate(pow_url, recei
             body["fraud_detected"]) == ("completed", 8, 0, [], False)
 
 
-def test_dapi_node_numbering_is_accepted(pow_url, receiver):
-    """dapi sends node_id = NodeNum (1-based) and node_count = its node count: one node is (1, 1), and its
-    nonces are 1, 2, 3, ... (spec §2.4, §9.2)."""
-    identity = node(block_hash="DAPI_BLOCK", block_height=654, node_id=1, node_count=1)
+@pytest.mark.parametrize(("node_id", "node_count", "group_id", "n_groups"), [
+    (1, 1, 0, 1),  # one node: NodeNum 1 of 1
+    (3, 2, 0, 1),  # answered 400 before (issue 28); the fork mines 3, 5, 7, ...
+    (5, 3, 1, 2),  # NodeNum 5 of 3 nodes (some were removed and re-added), the ML node's second backend
+])
+def test_dapi_node_numbering_is_accepted(pow_url, receiver, node_id, node_count, group_id, n_groups):
+    """dapi sends node_id = NodeNum (1-based, only grows) and node_count = its node count, so node_id may exceed
+    node_count; the nonces are the fork's: node_id + group_id·N + x·(n_groups·N) (poc/nonces.py)."""
+    identity = node(block_hash="DAPI_BLOCK", block_height=654, node_id=node_id, node_count=node_count)
     before = len(receiver.bodies("generated"))
     try:
-        r = init(pow_url, **identity, url=receiver.url)
+        r = init(pow_url, **identity, group_id=group_id, n_groups=n_groups, url=receiver.url)
         assert r.status_code == 200, r.text
-        assert status(pow_url)["config"] == {**identity, "group_id": 0, "n_groups": 1, "seq_len": 32, "k_dim": 12}
+        assert status(pow_url)["config"] == {**identity, "group_id": group_id, "n_groups": n_groups,
+                                             "seq_len": 32, "k_dim": 12}
         wait_until(lambda: sum(len(b["artifacts"]) for b in receiver.bodies("generated")[before:]) >= 4,
                    what="4 artifacts delivered")
     finally:
         stop(pow_url)
     nonces = [a["nonce"] for b in receiver.bodies("generated")[before:] for a in b["artifacts"]]
-    assert nonces == list(range(1, len(nonces) + 1))
+    offset, step = node_id + group_id * node_count, n_groups * node_count
+    assert nonces == [offset + x * step for x in range(len(nonces))]
 
 
 def test_shared_mode_serves_chat_while_mining_progresses(pow_url, shared):
@@ -276,7 +283,8 @@ def test_queued_validation_delivers_the_exact_validated_callback(pow_url, receiv
     honest = artifacts_of(pow_url, nonces)
     # dapi escapes the model id twice (§9.2): the path must reach the receiver byte for byte.
     url = f"{receiver.root}/v2/poc-batches/Qwen%252FQwen3-0.6B"
-    identity = node(block_height=77, node_id=5, node_count=9)  # the validator's own node id, echoed back
+    # The validator's own NodeNum, echoed back; above its node count, as dapi sends after nodes were re-added.
+    identity = node(block_height=77, node_id=7, node_count=2)
     job_id = queue_job(pow_url, nonces, url=url, validation=validation(honest), **identity)
     result = poll_job(pow_url, job_id)
     assert result == {"status": "completed", "request_id": job_id, "n_total": 4, "n_mismatch": 0,
@@ -285,7 +293,7 @@ def test_queued_validation_delivers_the_exact_validated_callback(pow_url, receiv
     assert path == "/v2/poc-batches/Qwen%252FQwen3-0.6B/validated"
     assert list(body) == VALIDATED_KEYS
     assert body == {"request_id": job_id, "block_hash": "TEST_BLOCK", "block_height": 77,
-                    "public_key": "test_pub_keys", "node_id": 5, "n_total": 4, "n_mismatch": 0,
+                    "public_key": "test_pub_keys", "node_id": 7, "n_total": 4, "n_mismatch": 0,
                     "mismatch_nonces": [], "p_value": 1.0, "fraud_detected": False}
 
     # Tampered: nonce 0 has a NaN, nonce 1 is flipped (L2 ≈ 2), nonce 3 moved by 0.05 (> the default 0.02),
@@ -367,11 +375,12 @@ def held(model_dir, tmp_path_factory):
     server.stop()
 
 
+# Only what the fork's arithmetic gives no sequence for, or no sender means (poc/nonces.py); node_id above
+# node_count is accepted (test_dapi_node_numbering_is_accepted).
 @pytest.mark.parametrize("node_id,node_count,group_id,n_groups,field", [
-    (3, 2, 0, 1, "node_id"),  # 3 is node 1's range again under either numbering
     (-1, 2, 0, 1, "node_id"),
     (0, 0, 0, 1, "node_count"),
-    (0, 1, 2, 2, "group_id"),
+    (0, 1, 0, 0, "n_groups"),
     (0, 1, -1, 2, "group_id"),
 ])
 def test_impossible_node_numbers_are_a_400_naming_the_field(pow_url, node_id, node_count, group_id, n_groups,
@@ -387,10 +396,12 @@ def test_impossible_node_numbers_are_a_400_naming_the_field(pow_url, node_id, no
         assert r.json()["error"]["param"] == field
 
 
-@pytest.mark.parametrize("node_id,node_count", [(0, 2), (1, 2), (2, 2)])
-def test_node_numbers_of_both_numberings_are_accepted(pow_url, node_id, node_count):
+@pytest.mark.parametrize("node_id,node_count", [(0, 2), (1, 2), (2, 2), (3, 2), (7, 2)])
+def test_validators_node_numbers_are_accepted(pow_url, node_id, node_count):
+    # A validator sends its own NodeNum with the count of its nodes serving the model (as the fork, any node_id).
     r = generate(pow_url, [1], node_id=node_id, node_count=node_count)
     assert r.status_code == 200, r.text
+    assert r.json()["status"] == "completed"
 
 
 def test_wait_true_validation_answers_during_a_mining_round_which_goes_on(pow_url, receiver):
