@@ -115,7 +115,7 @@ def serve(settings: BackendSettings) -> int:
         check_topology(settings)  # the parallel sizes against the model and the machine, before any worker
     except SettingsError as e:
         return _refuse(e)
-    if settings.node_rank > 0:
+    if settings.engine.node_rank > 0:
         from backend.engine.headless import run_worker_node
         return run_worker_node(settings)
     try:
@@ -147,8 +147,9 @@ def serve(settings: BackendSettings) -> int:
 
     engine = loop = None
     try:
-        check_parser_names(settings.tool_call_parser, settings.reasoning_parser)  # vLLM's registries, so not earlier
-        if settings.tensor_parallel_size > 1 and not allreduce_fusion(settings.allreduce_fusion, os.environ):
+        # vLLM's registries, so not earlier
+        check_parser_names(settings.vllm.tool_call_parser, settings.engine.reasoning_parser or "")
+        if settings.engine.tensor_parallel_size > 1 and not allreduce_fusion(settings.allreduce_fusion, os.environ):
             log.info("allreduce_fusion_off", setting=settings.allreduce_fusion,
                      multicast_switched_off_by=multicast_switched_off(os.environ))
         log.info("engine_starting", uptime_s=process_uptime_s())
@@ -161,10 +162,10 @@ def serve(settings: BackendSettings) -> int:
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
-        log.info("backend_serving", address=settings.address, model=settings.model_name)
+        log.info("backend_serving", address=settings.address, model=settings.vllm.served_names[0])
         loop.run()
         return 0
-    except SettingsError as e:  # found once the engine was built (a model without a decoder layer list)
+    except SettingsError as e:  # found once the engine was built (vLLM's own checks, a model without layers)
         return _refuse(e)
     except Exception as e:
         log.exception("engine_dead", error=str(e))
@@ -198,6 +199,8 @@ def main(argv: list[str] | None = None) -> None:
     except SettingsError as e:
         sys.exit(_refuse(e))
     configure_logging(settings.log_format, settings.log_level)
+    for flag, note in settings.vllm.notes:  # e.g. dtype_overridden: the fork's dtype rule
+        log.warning(flag.removeprefix("--").replace("-", "_") + "_overridden", note=note)
     try:
         import setproctitle
         setproctitle.setproctitle("pocserve-backend")

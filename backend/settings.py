@@ -1,12 +1,20 @@
-"""The backend's settings, declared once: every one a CLI flag and an environment variable, read once at start."""
+"""The backend's settings, declared once: every one a CLI flag and an environment variable, read once at start.
+
+Beside its own settings the backend takes vLLM's whole command line (backend/vllm_args.py): the engine's flags are
+vLLM's, parsed by vLLM, and reach vLLM's EngineArgs."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from common.config import SettingsError, load, option, options, path, setting
+from backend.vllm_args import VllmArgs
+from common.config import SettingsError, add_options, build, check_choices, option, options, path, setting
 from common.curve import KeyFile, PublicKeys, load_public_keys, load_secret_key_file
 from common.logs import log_format_setting, log_level_setting
 
@@ -33,70 +41,25 @@ class BackendSettings:
         "POCSERVE_FRONTEND_TIMEOUT_S", 5.0,
         "a frontend (any peer) silent this long is forgotten and its generations are aborted; 0 = never. "
         f"At least {MIN_FRONTEND_TIMEOUT_S:g} s; keep it several times the frontends' --ping-interval-s")
-    model: Path = setting("POCSERVE_MODEL", "models/tiny-qwen3", "local model directory", type=str, convert=path)
-    served_model_name: str = setting("POCSERVE_SERVED_MODEL_NAME", "",
-                                     "model name clients use (default: the model path)")
+    honour_dtype: bool = setting("POCSERVE_HONOUR_DTYPE", False,
+                                 "run the model in --dtype as given; off (the network's behaviour): the checkpoint's "
+                                 "dtype whatever --dtype says, as the fork computes and its validators compare")
     generate_model: str = setting("POCSERVE_GENERATE_MODEL", "tiny",
                                   "generate the seeded model into --model if missing: tiny, qwen3-0.6b or none",
                                   choices=("tiny", "qwen3-0.6b", "none"))
-    max_model_len: int = setting("POCSERVE_MAX_MODEL_LEN", 0,
-                                 "max prompt + output tokens (0 = the model's own context)")
-    max_num_seqs: int = setting("POCSERVE_MAX_NUM_SEQS", 64, "max sequences per engine step")
-    max_num_batched_tokens: int = setting("POCSERVE_MAX_NUM_BATCHED_TOKENS", 0,
-                                          "max tokens per engine step (0 = --poc-max-batch-tokens, so vLLM's "
-                                          "memory profile covers the largest PoC forward)")
     poc_max_batch_tokens: int = setting("POCSERVE_POC_MAX_BATCH_TOKENS", 32768,
                                         "most sequences x seq_len in one PoC forward (default: the network's batch "
                                         "32 x seq_len 1024); at most --max-num-batched-tokens")
-    gpu_memory_utilization: float = setting("POCSERVE_GPU_MEMORY_UTILIZATION", 0.3,
-                                            "fraction of device memory (of RAM on CPU) vLLM may reserve")
-    dtype: str = setting("POCSERVE_DTYPE", "auto", "model dtype (auto = the checkpoint's)")
-    kv_cache_dtype: str = setting("POCSERVE_KV_CACHE_DTYPE", "auto",
-                                  "KV cache dtype, as vLLM's --kv-cache-dtype (auto = the model dtype); PoC forwards "
-                                  "use the same cache")
-    quantization: str = setting("POCSERVE_QUANTIZATION", "",
-                                "weight quantization method, as vLLM's --quantization (empty: what the checkpoint "
-                                "declares)")
-    block_size: int = setting("POCSERVE_BLOCK_SIZE", 0, "KV block size (0 = the backend's default)")
-    tensor_parallel_size: int = setting("POCSERVE_TENSOR_PARALLEL_SIZE", 1, "tensor-parallel ranks")
-    pipeline_parallel_size: int = setting("POCSERVE_PIPELINE_PARALLEL_SIZE", 1,
-                                          "pipeline-parallel stages (each holds a contiguous share of the decoder "
-                                          "layers; the engine runs tensor x pipeline ranks)")
-    nnodes: int = setting("POCSERVE_NNODES", 1,
-                          "hosts the engine's tensor x pipeline ranks span, each running an equal share (vLLM's "
-                          "multiprocessing executor across nodes)")
-    node_rank: int = setting("POCSERVE_NODE_RANK", 0,
-                             "this host's rank among --nnodes: 0 serves (engine core, sockets, PoC API, its share "
-                             "of the ranks); the others only run their share of the ranks (vLLM's headless mode)")
-    master_addr: str = setting("POCSERVE_MASTER_ADDR", "127.0.0.1",
-                               "with --nnodes > 1: node 0's address, reachable from every node (torch.distributed "
-                               "rendezvous)")
-    master_port: int = setting("POCSERVE_MASTER_PORT", 29501,
-                               "with --nnodes > 1: node 0's torch.distributed rendezvous port")
-    enforce_eager: bool = setting("POCSERVE_ENFORCE_EAGER", False, "disable CUDA graphs / compilation")
     allreduce_fusion: str = setting("POCSERVE_ALLREDUCE_FUSION", "auto",
                                     "vLLM's fused all-reduce + RMSNorm at TP > 1 (compiled engines): on = vLLM's "
                                     "default, off, or auto = off where NVLink multicast is switched off "
                                     "(NCCL_NVLS_ENABLE=0 or TORCH_SYMM_MEM_DISABLE_MULTICAST=1), where vLLM 0.26's "
                                     "fused kernel crashes the engine at start", choices=("auto", "on", "off"))
-    logprobs_mode: str = setting("POCSERVE_LOGPROBS_MODE", "processed_logprobs",
-                                 "default logprobs mode (the network validates with processed)",
-                                 choices=("raw_logprobs", "processed_logprobs"))
-    seed: int = setting("POCSERVE_SEED", 0, "engine seed")
     enforced_sampling: bool = setting("POCSERVE_ENFORCED_SAMPLING", True,
                                       "install the validator replay hooks (enforced tokens, per-request logprobs "
                                       "mode)")
     json_whitespace: bool = setting("POCSERVE_JSON_WHITESPACE", True,
                                     "let structured JSON output contain free whitespace (off: compact JSON)")
-    tool_call_parser: str = setting("POCSERVE_TOOL_CALL_PARSER", "hermes",
-                                    "vLLM tool parser that reads tool calls from chat output, as vLLM's "
-                                    "--tool-call-parser (hermes: Qwen3's format; empty: no tool calls)")
-    enable_auto_tool_choice: bool = setting("POCSERVE_ENABLE_AUTO_TOOL_CHOICE", True,
-                                            "let the model decide when to call tools (tool_choice auto), as vLLM's "
-                                            "--enable-auto-tool-choice; needs --tool-call-parser")
-    reasoning_parser: str = setting("POCSERVE_REASONING_PARSER", "",
-                                    "vLLM reasoning parser that splits reasoning_content from the content, as "
-                                    "vLLM's --reasoning-parser (e.g. qwen3, deepseek_r1; empty: none)")
     scheduling_mode: str = setting("POCSERVE_SCHEDULING_MODE", "exclusive",
                                    "exclusive: chat answers 503 while mining (the network's expectation); shared: "
                                    "chat keeps running", choices=("exclusive", "shared"))
@@ -132,10 +95,17 @@ class BackendSettings:
                                       "fault injection for tests: the engine raises on this step (0 = never)")
     log_format: str = log_format_setting()
     log_level: str = log_level_setting()
+    # vLLM's own flags as the backend takes them (backend/vllm_args.py); set by load_settings.
+    vllm: VllmArgs = None  # type: ignore[assignment]
 
     @property
-    def model_name(self) -> str:
-        return self.served_model_name or str(self.model)
+    def model(self) -> Path:
+        return self.vllm.model
+
+    @property
+    def engine(self) -> Any:
+        """vLLM's EngineArgs, pocserve's overrides applied (read it; engine/args.engine_args builds from a copy)."""
+        return self.vllm.engine
 
 
 OPTIONS = options(BackendSettings)
@@ -154,41 +124,42 @@ def _check(s: BackendSettings) -> None:
     if s.curve_server_secret_key_file is not None and scheme == "inproc":
         # inproc has no ZMTP handshake, so CURVE would silently do nothing there.
         raise SettingsError("--address / POCSERVE_BACKEND_ADDRESS: CURVE needs an ipc:// or tcp:// address")
-    for name in ("max_model_len", "max_num_batched_tokens"):
-        if getattr(s, name) < 0:
-            raise SettingsError(f"--{name.replace('_', '-')} must be >= 0 (0 = the default)")
-    for name in ("max_num_seqs", "poc_max_batch_tokens", "tensor_parallel_size",
-                 "pipeline_parallel_size", "nnodes", "batch_size_default", "max_queued_nonces", "callback_max_retries",
+    for name in ("poc_max_batch_tokens", "batch_size_default", "max_queued_nonces", "callback_max_retries",
                  "callback_max_concurrent", "callback_queue_size"):
         if getattr(s, name) <= 0:
             raise SettingsError(f"--{name.replace('_', '-')} must be positive")
-    if not 0 <= s.node_rank < s.nnodes:
-        raise SettingsError(f"--node-rank / POCSERVE_NODE_RANK must be in [0, {s.nnodes}) for --nnodes {s.nnodes}, "
-                            f"got {s.node_rank}")
-    if not 0 < s.master_port < 65536:
-        raise SettingsError(f"--master-port / POCSERVE_MASTER_PORT must be a port number, got {s.master_port}")
     if not 0.0 <= s.chat_share <= 1.0:
         raise SettingsError(f"--chat-share / POCSERVE_CHAT_SHARE must be in [0, 1], got {s.chat_share}")
     if s.poc_forwards_in_flight not in (1, 2):
         raise SettingsError(f"--poc-forwards-in-flight / POCSERVE_POC_FORWARDS_IN_FLIGHT must be 1 or 2, got "
                             f"{s.poc_forwards_in_flight}")
-    if s.poc_overlap == "on" and s.tensor_parallel_size * s.pipeline_parallel_size > 1:
-        # Both streams' collectives would share one communicator (and vLLM's custom all-reduce buffers).
-        raise SettingsError("--poc-overlap / POCSERVE_POC_OVERLAP on needs one rank (tensor x pipeline parallel "
-                            "size 1); auto and off time-slice across ranks")
-    if not 0.0 < s.gpu_memory_utilization <= 1.0:
-        raise SettingsError("--gpu-memory-utilization must be in (0, 1]")
-    if s.block_size < 0:
-        raise SettingsError("--block-size must be >= 0")
     for name in ("result_ttl_s", "callback_interval_s", "stop_flush_timeout_s"):
         if getattr(s, name) < 0:
             raise SettingsError(f"--{name.replace('_', '-')} must be >= 0")
-    if s.enable_auto_tool_choice and not s.tool_call_parser:
-        raise SettingsError("--enable-auto-tool-choice / POCSERVE_ENABLE_AUTO_TOOL_CHOICE needs --tool-call-parser "
-                            "/ POCSERVE_TOOL_CALL_PARSER (or --no-enable-auto-tool-choice)")
     if s.frontend_timeout_s != 0 and not s.frontend_timeout_s >= MIN_FRONTEND_TIMEOUT_S:
         raise SettingsError(f"--frontend-timeout-s / POCSERVE_FRONTEND_TIMEOUT_S must be 0 (off) or at least "
                             f"{MIN_FRONTEND_TIMEOUT_S:g} s (two of the frontends' default 0.5 s ping periods)")
+
+
+def _check_engine(s: BackendSettings) -> None:
+    """vLLM checks its own values when it builds its config; these are read before that (topology, PoC)."""
+    e = s.engine
+    for name in ("tensor_parallel_size", "pipeline_parallel_size", "nnodes", "max_num_batched_tokens"):
+        if getattr(e, name) <= 0:
+            raise SettingsError(f"--{name.replace('_', '-')} must be positive")
+    if e.max_num_seqs is not None and e.max_num_seqs <= 0:
+        raise SettingsError("--max-num-seqs must be positive")
+    if not 0 <= e.node_rank < e.nnodes:
+        raise SettingsError(f"--node-rank / POCSERVE_NODE_RANK must be in [0, {e.nnodes}) for --nnodes {e.nnodes}, "
+                            f"got {e.node_rank}")
+    if not 0 < e.master_port < 65536:
+        raise SettingsError(f"--master-port / POCSERVE_MASTER_PORT must be a port number, got {e.master_port}")
+    if s.poc_overlap == "on" and s.vllm.world_size > 1:
+        # Both streams' collectives would share one communicator (and vLLM's custom all-reduce buffers).
+        raise SettingsError("--poc-overlap / POCSERVE_POC_OVERLAP on needs one rank (tensor x pipeline parallel "
+                            "size 1); auto and off time-slice across ranks")
+    if not 0.0 < e.gpu_memory_utilization <= 1.0:
+        raise SettingsError("--gpu-memory-utilization must be in (0, 1]")
 
 
 def reload_curve_clients(clients: PublicKeys) -> PublicKeys:
@@ -199,6 +170,18 @@ def reload_curve_clients(clients: PublicKeys) -> PublicKeys:
 
 
 def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> BackendSettings:
-    settings = load(BackendSettings, "pocserve-backend", "pocserve backend: owns the vLLM engine", argv, environ)
+    """pocserve's own settings and vLLM's whole `vllm serve` command line, in one parser: every vLLM flag parses
+    with vLLM's parser and its error texts; SettingsError for a bad value of either."""
+    from backend.engine.compat import is_cpu_build
+    from backend.vllm_args import parse, serve_parser, vllm_actions, vllm_args
+
+    environ = os.environ if environ is None else environ
+    parser = serve_parser("pocserve-backend", "pocserve backend: owns the vLLM engine; takes vllm serve's flags")
+    actions = vllm_actions(parser)
+    add_options(parser, OPTIONS, environ)
+    values, given = parse(parser, actions, sys.argv[1:] if argv is None else argv, environ)
+    settings = build(BackendSettings, check_choices(values, OPTIONS))
     _check(settings)
+    settings = dataclasses.replace(settings, vllm=vllm_args(values, given, settings, is_cpu_build()))
+    _check_engine(settings)
     return settings

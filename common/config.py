@@ -69,7 +69,9 @@ def options(cls: type) -> tuple[Option, ...]:
     hints = typing.get_type_hints(cls)
     result = []
     for f in dataclasses.fields(cls):
-        spec: _Spec = f.metadata[_SPEC]
+        spec: _Spec | None = f.metadata.get(_SPEC)
+        if spec is None:  # a field the process fills in itself (e.g. the backend's vLLM arguments)
+            continue
         raw_type = spec.type or hints[f.name]
         result.append(Option(f.name, spec.env, f.default, spec.help, raw_type, spec.choices, spec.convert))
     return tuple(result)
@@ -82,12 +84,15 @@ def option(cls: type, name: str) -> Option:
 def load(cls: type[T], prog: str, description: str, argv: Sequence[str] | None = None,
          environ: Mapping[str, str] | None = None) -> T:
     """Parses flags and environment into an instance of the settings dataclass `cls` (SettingsError if bad)."""
-    opts = options(cls)
-    values = parse_options(prog, description, opts, argv, environ)
-    for opt in opts:
-        if opt.convert is not None:
-            values[opt.name] = opt.convert(opt, values[opt.name])
-    return cls(**values)
+    return build(cls, parse_options(prog, description, options(cls), argv, environ))
+
+
+def build(cls: type[T], values: Mapping[str, Any]) -> T:
+    """The settings dataclass from parsed raw values (each converted); values of other options are left out."""
+    fields = {}
+    for opt in options(cls):
+        fields[opt.name] = values[opt.name] if opt.convert is None else opt.convert(opt, values[opt.name])
+    return cls(**fields)
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -96,22 +101,22 @@ _FALSE = {"0", "false", "no", "off", ""}
 
 def _from_env(opt: Option, raw: str) -> Any:
     try:
-        if opt.type is bool:
-            low = raw.strip().lower()
-            if low in _TRUE:
-                return True
-            if low in _FALSE:
-                return False
-            raise ValueError(raw)
-        return opt.type(raw)
+        return parse_bool(raw) if opt.type is bool else opt.type(raw)
     except ValueError:
         raise SettingsError(f"{opt.env}={raw!r} is not a valid {opt.type.__name__}") from None
 
 
 def parse_options(prog: str, description: str, options: Sequence[Option], argv: Sequence[str] | None = None,
                   environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    environ = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_options(parser, options, environ)
+    return check_choices(vars(parser.parse_args(argv)), options)
+
+
+def add_options(parser: argparse.ArgumentParser, options: Sequence[Option],
+                environ: Mapping[str, str] | None = None) -> None:
+    """The settings as flags of `parser`, each defaulting to its environment variable where that is set."""
+    environ = os.environ if environ is None else environ
     for opt in options:
         default = _from_env(opt, environ[opt.env]) if opt.env in environ else opt.default
         help_text = f"{opt.help} (env {opt.env}; default {opt.default!r})"
@@ -121,11 +126,24 @@ def parse_options(prog: str, description: str, options: Sequence[Option], argv: 
         else:
             parser.add_argument(opt.flag, dest=opt.name, default=default, help=help_text, type=opt.type,
                                 choices=opt.choices)
-    values = vars(parser.parse_args(argv))
+
+
+def check_choices(values: dict[str, Any], options: Sequence[Option]) -> dict[str, Any]:
+    """argparse checks choices on the command line only; a value from the environment is checked here."""
     for opt in options:
         if opt.choices and values[opt.name] not in opt.choices:
             raise SettingsError(f"{opt.names}: {values[opt.name]!r} is not one of {list(opt.choices)}")
     return values
+
+
+def parse_bool(raw: str) -> bool:
+    """An environment variable's boolean ("1", "true", "yes", "on" or "0", "false", "no", "off", "")."""
+    low = raw.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError(raw)
 
 
 def path(_opt: Option, raw: str) -> Path:

@@ -19,8 +19,8 @@ import structlog
 from common.config import SettingsError
 from common.logs import configure_logging
 from pocserve.cli import PROG, Early, UsageError, early_options, parse
-from pocserve.flags import DEFAULT_HOST, OWN_WORKER_EXTENSION, Refusal, translate
-from pocserve.instance import InstanceError, check_port_free, prepare, resolve_model
+from pocserve.flags import DEFAULT_HOST, Plan, Refusal, translate
+from pocserve.instance import BACKEND_FIXED, InstanceError, check_port_free, prepare, resolve_model
 from pocserve.settings import load_settings
 from pocserve.supervisor import Supervisor
 
@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> None:
         settings = load_settings(environ)
         argv = sys.argv[1:] if argv is None else argv
         precheck(early_options(argv))
-        plan = translate(parse(argv), settings.vllm_api_key)
+        plan = translate(parse(argv), argv, settings.vllm_api_key)
+        check_backend(plan, environ)
         instance = prepare(plan, settings.state_root)
     except (UsageError, Refusal, InstanceError, SettingsError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)
@@ -46,9 +47,6 @@ def main(argv: list[str] | None = None) -> None:
         pass
     for flag, why in plan.ignored:
         log.warning("vllm_flag_ignored", flag=flag, why=why)
-    if plan.foreign_worker_extension:
-        log.info("worker_extension_replaced", given=plan.foreign_worker_extension,
-                 note=f"replaced by pocserve's own ({OWN_WORKER_EXTENSION})")
     try:
         code = Supervisor(instance.children(environ), settings.stop_timeout_s).run(**instance.describe())
     finally:
@@ -62,6 +60,14 @@ def precheck(early: Early) -> None:
         resolve_model(early.model, early.revision, early.download_dir)
     if early.port is not None:
         check_port_free(early.host or DEFAULT_HOST, early.port)
+
+
+def check_backend(plan: Plan, environ: dict[str, str]) -> None:
+    """The backend's own reading of the command line, here: an engine flag it refuses, or a bad POCSERVE_*
+    value, fails before anything starts, with the line the backend would print."""
+    from backend.settings import load_settings as backend_settings
+
+    backend_settings([*plan.backend_args, *BACKEND_FIXED], environ)
 
 
 def _exit(code: int) -> NoReturn:

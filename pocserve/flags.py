@@ -1,26 +1,27 @@
-"""Every vLLM api_server flag pocserve honours, ignores or refuses: the one table, and the translation it drives.
+"""vLLM's api_server command line split between pocserve's two processes, with one table for the flags of vLLM's
+HTTP server.
 
-A flag in TABLE is mapped onto a backend or frontend setting, handled by the launcher itself (model, port, ...),
-ignored with a log line (harmless: logging, CORS, compilation knobs pocserve decides itself), or refused. A flag
-not in the table is refused when it is given with a value other than vLLM's default: pocserve cannot honour it,
-and silently serving something else than the operator asked for is worse than not starting. Mapped flags carry
-vLLM's value when given; when absent, pocserve's own default applies (README: Settings), except where
-`when_absent` says vLLM's default does (vLLM semantics for a command line that relies on it).
+Every engine flag (a field of vLLM's EngineArgs) goes to the backend as given: the backend takes vLLM's whole
+command line and builds EngineArgs from it (backend/vllm_args.py, where its few overrides are listed). The flags of
+vLLM's HTTP server are decided here: used by the launcher (host, port, key), honoured by the backend's processor
+(chat template, tool parser), mapped onto a frontend setting, ignored with a log line (logging, CORS, docs pages)
+or refused with the reason. A server flag not in the table is refused when it is given with a value other than
+vLLM's default: silently serving something else than the operator asked for is worse than not starting.
 
-`python -m pocserve.flags` prints the table as the README shows it.
+`python -m pocserve.flags` prints the README's table: this one and the backend's overrides.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pocserve.cli import Parsed
 
-OWN_WORKER_EXTENSION = "backend.engine.worker_extension.WorkerExtension"
 DEFAULT_HOST = "0.0.0.0"  # vLLM binds every interface when --host is absent
-_REFUSED = "pocserve cannot honour this vLLM flag (README: Drop-in for the Gonka ML node)"
+_REFUSED = "pocserve cannot honour this vLLM flag (README: vLLM's flags)"
 
 
 class Refusal(Exception):
@@ -33,8 +34,7 @@ class Refusal(Exception):
 
 @dataclass(frozen=True)
 class Mapped:
-    process: str  # "backend" or "frontend"
-    args: tuple[str, ...]
+    args: tuple[str, ...]  # frontend flags
 
 
 @dataclass(frozen=True)
@@ -48,47 +48,31 @@ class Refused:
 
 
 @dataclass(frozen=True)
-class Launcher:
-    """Used by the launcher itself (translate reads the value)."""
+class Kept:
+    """Used by the launcher itself, or by the backend, which gets the whole command line."""
 
 
-Decision = Mapped | Ignored | Refused | Launcher | None  # None: nothing to do (pocserve's default applies)
+Decision = Mapped | Ignored | Refused | Kept | None  # None: nothing to do
 
 
 @dataclass(frozen=True)
 class Rule:
     does: str  # what pocserve does with the flag (README, logs)
     decide: Callable[[Any], Decision]
-    when_absent: bool = False  # decided with vLLM's default value when the flag is not given
-    target: tuple[str, str] | None = None  # (process, flag) a mapped value lands on
+    target: str | None = None  # the frontend flag a mapped value lands on
 
 
-def _setting(process: str, flag: str, does: str = "", check: Callable[[Any], str | None] | None = None,
-             when_absent: bool = False) -> Rule:
-    def decide(value: Any) -> Decision:
-        if value is None:
-            return None
-        if check is not None and (why := check(value)) is not None:
-            return Refused(why)
-        if isinstance(value, bool):
-            return Mapped(process, (flag if value else "--no-" + flag.removeprefix("--"),))
-        return Mapped(process, (flag, str(value)))
-
-    return Rule(does or f"{process} `{flag}`", decide, when_absent, (process, flag))
-
-
-def backend(flag: str, does: str = "", check: Callable[[Any], str | None] | None = None,
-            when_absent: bool = False) -> Rule:
-    return _setting("backend", flag, does, check, when_absent)
-
-
-def launcher(does: str, check: Callable[[Any], str | None] | None = None, when_absent: bool = False) -> Rule:
+def kept(does: str, check: Callable[[Any], str | None] | None = None) -> Rule:
     def decide(value: Any) -> Decision:
         if check is not None and value is not None and (why := check(value)) is not None:
             return Refused(why)
-        return Launcher()
+        return Kept()
 
-    return Rule(does, decide, when_absent)
+    return Rule(does, decide)
+
+
+def frontend(flag: str, does: str, to_args: Callable[[Any], tuple[str, ...]]) -> Rule:
+    return Rule(does, lambda value: Mapped(to_args(value)), target=flag)
 
 
 def ignored(why: str) -> Rule:
@@ -99,134 +83,85 @@ def refused(why: str) -> Rule:
     return Rule(f"refused: {why}", lambda _value: Refused(why))
 
 
-def _positive(value: Any) -> str | None:
-    return None if isinstance(value, int) and value > 0 else f"must be a positive number here, not {value!r}"
-
-
-def _one_name(value: Any) -> str | None:
-    return None if len(value) == 1 else "pocserve serves one model name (the --model path is accepted as well)"
-
-
 def _one_key(value: Any) -> str | None:
     return None if isinstance(value, str) or len(value) <= 1 else "pocserve takes one API key"
 
 
-def _logprobs_mode(value: Any) -> str | None:
-    ok = ("raw_logprobs", "processed_logprobs")
-    return None if value in ok else f"pocserve computes {' or '.join(ok)}, not {value!r}"
+def _one_server(value: Any) -> str | None:
+    return None if value in (None, 1) else "one frontend per instance (more: run `python -m frontend` beside it)"
 
 
-def _prefix_caching(value: Any) -> Decision:
-    return Ignored("pocserve always caches prefixes") if value is False else None
-
-
-def _executor(value: Any) -> Decision:
-    if value in (None, "mp"):
-        return Ignored("pocserve runs the ranks with vLLM's multiprocessing executor")
-    return Refused("pocserve runs tensor/pipeline ranks with vLLM's multiprocessing executor (across hosts too: "
-                   "--nnodes)")
-
-
-_WORKER_NODE = "this instance serves node 0; run the other hosts with `python -m backend --node-rank N` (README: " \
-    "Multi-node)"
-
-
-def _node_zero(value: Any) -> str | None:
-    return None if value == 0 else _WORKER_NODE
+def _text_content(value: Any) -> str | None:
+    return None if value in ("auto", "string") else "pocserve's messages reach the chat template as text"
 
 
 _LOGS = "pocserve logs through structlog (POCSERVE_LOG_FORMAT, POCSERVE_LOG_LEVEL)"
-_COMPILE = "pocserve sets vLLM's compilation itself (the PoC forward's numerics depend on it); --enforce-eager works"
 _CORS = "pocserve sends no CORS headers (the ML node calls it server to server)"
+_TLS = "pocserve's frontend serves plain HTTP; terminate TLS in front of it (the ML node's proxy, nginx)"
+_DP = "one engine per instance: the ML node starts one instance per GPU group"
+_NOT_BUILT = "not built in pocserve's frontend"
 
 TABLE: dict[str, Rule] = {
     # The launcher's own.
-    "model": launcher("the model: a local directory, or a repo id found in the local Hugging Face cache "
-                      "(pocserve is offline)"),
-    "model_tag": launcher("the model, as `vllm serve MODEL` gives it (wins over --model)"),
-    "revision": launcher("the cached revision a repo id resolves to"),
-    "download_dir": launcher("the Hugging Face cache a repo id is looked up in"),
-    "served_model_name": launcher("backend `--served-model-name` (absent: the --model value, as in vLLM)",
-                                  check=_one_name),
-    "host": launcher("frontend `--host` (absent: 0.0.0.0, as in vLLM)", when_absent=True),
-    "port": launcher("frontend `--port`; also names the instance (state dir port-PORT, ZMQ ipc path)",
-                     when_absent=True),
-    "api_key": launcher("frontend POCSERVE_API_KEY: bearer token on /v1/* (VLLM_API_KEY when absent)",
-                        check=_one_key),
-    "worker_extension_cls": launcher("replaced by pocserve's own (another class is logged, never fatal)"),
-    "config": launcher("vLLM reads the YAML; each flag in it is decided here like the others"),
-    # Onto the backend.
-    "dtype": backend("--dtype"),
-    "max_model_len": backend("--max-model-len", check=_positive),
-    "max_num_seqs": backend("--max-num-seqs", check=_positive),
-    "max_num_batched_tokens": backend("--max-num-batched-tokens", check=_positive),
-    "gpu_memory_utilization": backend("--gpu-memory-utilization",
-                                      "backend `--gpu-memory-utilization` (absent: vLLM's default)",
-                                      when_absent=True),
-    "tensor_parallel_size": backend("--tensor-parallel-size", check=_positive),
-    "pipeline_parallel_size": backend("--pipeline-parallel-size", check=_positive),
-    "nnodes": backend("--nnodes", check=_positive),
-    "node_rank": backend("--node-rank", "backend `--node-rank`: 0 only", check=_node_zero),
-    "master_addr": backend("--master-addr"),
-    "master_port": backend("--master-port"),
-    "enforce_eager": backend("--enforce-eager"),
-    "seed": backend("--seed"),
-    "block_size": backend("--block-size", check=_positive),
-    "kv_cache_dtype": backend("--kv-cache-dtype"),
-    "quantization": backend("--quantization"),
-    "logprobs_mode": backend("--logprobs-mode", "backend `--logprobs-mode`, raw_logprobs or processed_logprobs "
-                             "(absent: processed, what the network validates with)", _logprobs_mode),
-    "enable_prefix_caching": Rule("always on (`--no-enable-prefix-caching` is ignored)", _prefix_caching),
-    "tool_call_parser": backend("--tool-call-parser"),
-    "enable_auto_tool_choice": backend("--enable-auto-tool-choice"),
-    "reasoning_parser": backend("--reasoning-parser"),
+    "model_tag": kept("the model, as `vllm serve MODEL` gives it (wins over --model)"),
+    "config": kept("vLLM reads the YAML in both processes; each flag in it is decided like the others"),
+    "host": kept("frontend `--host` (absent: 0.0.0.0, as in vLLM)"),
+    "port": kept("frontend `--port`; also names the instance (state dir port-PORT, ZMQ ipc path)"),
+    "api_key": kept("frontend POCSERVE_API_KEY: bearer token on /v1/* (VLLM_API_KEY when absent)", _one_key),
+    # The backend's processor renders and parses as vLLM's server does.
+    "chat_template": kept("the backend's processor renders with it (a file or the template)"),
+    "default_chat_template_kwargs": kept("the backend's processor passes them to the template"),
+    "chat_template_content_format": kept("`auto` or `string` (pocserve's messages are text)", _text_content),
+    "tool_call_parser": kept("the backend's processor parses tool calls with it (absent: none, as in vLLM)"),
+    "enable_auto_tool_choice": kept("the backend's processor: `tool_choice: auto` (needs --tool-call-parser)"),
+    "trust_request_chat_template": ignored("pocserve never renders a template a request sends"),
     # Onto the frontend.
-    "return_tokens_as_token_ids": Rule(
-        "frontend `--logprob-token-format` ids / text (absent: ids, the network's format)",
-        lambda v: Mapped("frontend", ("--logprob-token-format", "ids" if v else "text")),
-        target=("frontend", "--logprob-token-format")),
+    "return_tokens_as_token_ids": frontend(
+        "--logprob-token-format", "frontend `--logprob-token-format` ids / text (absent: ids, the network's format)",
+        lambda v: ("--logprob-token-format", "ids" if v else "text")),
+    "enable_prompt_tokens_details": frontend(
+        "--enable-prompt-tokens-details", "frontend `--enable-prompt-tokens-details`: usage's cached_tokens",
+        lambda v: ("--enable-prompt-tokens-details" if v else "--no-enable-prompt-tokens-details",)),
+    "api_server_count": kept("one frontend per instance", _one_server),
     # Harmless: logged as ignored.
-    "distributed_executor_backend": Rule("ignored when `mp`, refused otherwise", _executor),
-    "trust_remote_code": ignored("pocserve never runs a model's own code (a model that needs it fails at load)"),
-    "hf_token": ignored("pocserve is offline: nothing is downloaded"),
-    "enable_chunked_prefill": ignored("vLLM V1 schedules prefills in chunks by itself"),
-    "compilation_config": ignored(_COMPILE),
-    "optimization_level": ignored(_COMPILE),
-    "cudagraph_capture_sizes": ignored(_COMPILE),
-    "max_cudagraph_capture_size": ignored(_COMPILE),
-    "use_tqdm_on_load": ignored("a loading progress bar"),
-    "max_parallel_loading_workers": ignored("a loading detail"),
-    "shutdown_timeout": ignored("pocserve stops within POCSERVE_STOP_TIMEOUT_S"),
     "disable_log_stats": ignored(_LOGS),
-    "disable_log_requests": ignored(_LOGS),
     "enable_log_requests": ignored(_LOGS),
     "enable_log_outputs": ignored(_LOGS),
     "enable_log_deltas": ignored(_LOGS),
-    "aggregate_engine_logging": ignored(_LOGS),
     "max_log_len": ignored(_LOGS),
     "log_error_stack": ignored(_LOGS),
     "log_config_file": ignored(_LOGS),
     "uvicorn_log_level": ignored(_LOGS),
     "disable_uvicorn_access_log": ignored(_LOGS),
     "disable_access_log_for_endpoints": ignored(_LOGS),
-    "show_hidden_metrics_for_version": ignored("pocserve's /metrics has no hidden series"),
     "enable_server_load_tracking": ignored("pocserve's /metrics reports the engine's load"),
+    "enable_per_request_metrics": ignored("pocserve's /metrics reports the engine's own series"),
     "enable_request_id_headers": ignored("a response header"),
     "disable_fastapi_docs": ignored("API docs pages"),
     "enable_offline_docs": ignored("API docs pages"),
     "disable_frontend_multiprocessing": ignored("pocserve's frontend is its own process anyway"),
+    "h11_max_incomplete_event_size": ignored("pocserve's frontend sets its own HTTP limits"),
+    "h11_max_header_count": ignored("pocserve's frontend sets its own HTTP limits"),
     "allowed_origins": ignored(_CORS),
     "allowed_methods": ignored(_CORS),
     "allowed_headers": ignored(_CORS),
     "allow_credentials": ignored(_CORS),
-    # Refused, with the reason (any other flag given with a non-default value is refused too).
-    "chat_template": refused("pocserve renders the model's own chat template"),
-    "data_parallel_size": refused("one engine per instance: the ML node starts one instance per GPU group"),
-    "speculative_config": refused("no speculative decoding (validation replays the plain model)"),
-    "enable_lora": refused("no LoRA adapters"),
-    "lora_modules": refused("no LoRA adapters"),
-    "headless": refused(_WORKER_NODE),
-    "api_server_count": refused("one frontend per instance (more: run `python -m frontend` beside it)"),
+    # Refused, with the reason (any other server flag given with a non-default value is refused too).
+    "headless": refused("run the other hosts as `python -m backend --node-rank N` (README: Multi-node)"),
+    "data_parallel_supervisor_port": refused(_DP),
+    "uds": refused("pocserve's frontend listens on --host/--port"),
+    "ssl_keyfile": refused(_TLS),
+    "ssl_certfile": refused(_TLS),
+    "ssl_ca_certs": refused(_TLS),
+    "ssl_cert_reqs": refused(_TLS),
+    "enable_ssl_refresh": refused(_TLS),
+    "root_path": refused("pocserve's routes are served at the root"),
+    "middleware": refused("pocserve's frontend loads no code from the command line"),
+    "lora_modules": refused("no LoRA adapters: no route selects one"),
+    "tool_parser_plugin": refused("pocserve loads no code from the command line (vLLM's built-in parsers work)"),
+    "tool_server": refused(_NOT_BUILT),
+    "response_role": refused("pocserve answers as `assistant`"),
+    "grpc": refused(_NOT_BUILT),
 }
 
 
@@ -234,58 +169,75 @@ TABLE: dict[str, Rule] = {
 class Plan:
     """What one instance runs, decided from the command line before anything starts."""
 
-    model: str  # as given: a directory or a repo id (resolved by the launcher)
+    model: str  # as given: a directory or a repo id (each process resolves it the same way)
     revision: str | None
     download_dir: str | None
-    served_model_name: str
     host: str
     port: int
     api_key: str
-    backend_args: tuple[str, ...]  # settings flags for `python -m backend`, beside the launcher's own
+    backend_args: tuple[str, ...]  # vLLM's command line as given, less the API key
     frontend_args: tuple[str, ...]
     ignored: tuple[tuple[str, str], ...]  # (flag, why), logged at start
-    foreign_worker_extension: str  # another project's class the command line named ('' when none)
 
 
 def flag_name(dest: str) -> str:
     return "MODEL (positional)" if dest == "model_tag" else "--" + dest.replace("_", "-")
 
 
-def translate(parsed: Parsed, vllm_api_key: str = "") -> Plan:
-    """The instance plan for a parsed command line; Refusal names the first flag pocserve cannot honour."""
-    args: dict[str, list[str]] = {"backend": [], "frontend": []}
+def engine_dests() -> frozenset[str]:
+    """The flags that are vLLM engine arguments: they go to the backend, which builds EngineArgs from them."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    return frozenset(f.name for f in dataclasses.fields(EngineArgs))
+
+
+def translate(parsed: Parsed, argv: Sequence[str], vllm_api_key: str = "") -> Plan:
+    """The instance plan for a command line (parsed is argv through vLLM's parser); Refusal names the first server
+    flag pocserve cannot honour. Engine flags are the backend's to check (it refuses with the same one line)."""
+    engine = engine_dests()
+    frontend_args: list[str] = []
     ignored_flags: list[tuple[str, str]] = []
-    for dest, value in parsed.values.items():
-        rule = TABLE.get(dest)
-        is_given = dest in parsed.given
-        if not is_given and not (rule is not None and rule.when_absent):
+    for dest in sorted(parsed.given):
+        if dest in engine:
             continue
+        value, rule = parsed.values[dest], TABLE.get(dest)
         if rule is None:
             if value != parsed.defaults.get(dest):
                 raise Refusal(flag_name(dest), _REFUSED)
             continue
         match rule.decide(value):
-            case Mapped(process=process, args=more):
-                args[process].extend(more)
+            case Mapped(args=more):
+                frontend_args.extend(more)
             case Ignored(why=why):
                 ignored_flags.append((flag_name(dest), why))
             case Refused(why=why):
                 if value != parsed.defaults.get(dest):  # given with vLLM's default, it asks for nothing
                     raise Refusal(flag_name(dest), why)
-            case Launcher() | None:
-                pass
     v = parsed.values
-    model = v.get("model_tag") or v["model"]
     if not (parsed.given & {"model", "model_tag"}):
         raise Refusal("--model", "required (pocserve serves a local model; it never picks vLLM's default)")
-    extension = v.get("worker_extension_cls") or ""
     return Plan(
-        model=model, revision=v.get("revision"), download_dir=v.get("download_dir"),
-        served_model_name=(v.get("served_model_name") or [model])[0],
-        host=v.get("host") or DEFAULT_HOST, port=int(v["port"]),
-        api_key=_first(v.get("api_key")) or vllm_api_key,
-        backend_args=tuple(args["backend"]), frontend_args=tuple(args["frontend"]), ignored=tuple(ignored_flags),
-        foreign_worker_extension="" if extension in ("", OWN_WORKER_EXTENSION) else extension)
+        model=v.get("model_tag") or v["model"], revision=v.get("revision"), download_dir=v.get("download_dir"),
+        host=v.get("host") or DEFAULT_HOST, port=int(v["port"]), api_key=_first(v.get("api_key")) or vllm_api_key,
+        backend_args=without_api_key(argv), frontend_args=tuple(frontend_args), ignored=tuple(ignored_flags))
+
+
+def without_api_key(argv: Sequence[str]) -> tuple[str, ...]:
+    """argv less `--api-key` and its values: the key reaches the frontend through its environment, never another
+    process's command line."""
+    out: list[str] = []
+    skipping = False
+    for token in argv:
+        if token == "--api-key":
+            skipping = True
+        elif token.startswith("--api-key="):
+            skipping = False
+        elif skipping and not token.startswith("-"):
+            continue
+        else:
+            skipping = False
+            out.append(token)
+    return tuple(out)
 
 
 def _first(value: str | list[str] | None) -> str:
@@ -296,13 +248,19 @@ def _first(value: str | list[str] | None) -> str:
 
 
 def markdown_table() -> str:
-    """The README's table: one row per rule, flags that share their reason in one row."""
+    """The README's tables: the server flags, one row per rule (flags that share their reason in one row), then
+    the engine flags pocserve does not pass as given."""
+    from backend.vllm_args import OVERRIDES
+
     by_does: dict[str, list[str]] = {}
     for dest, rule in TABLE.items():
         by_does.setdefault(rule.does, []).append(f"`{flag_name(dest)}`")
-    rows = ["| vLLM flag | pocserve |", "|---|---|"]
+    rows = ["| vLLM server flag | pocserve |", "|---|---|"]
     rows += [f"| {', '.join(flags)} | {does} |" for does, flags in by_does.items()]
-    rows.append(f"| any other flag | refused when given with a value other than vLLM's default: {_REFUSED} |")
+    rows.append(f"| any other server flag | refused when given with a value other than vLLM's default: {_REFUSED} |")
+    rows += ["", "| vLLM engine flag | pocserve | why |", "|---|---|---|"]
+    rows += [f"| `{flag}` | {does} | {why} |" for flag, does, why in OVERRIDES]
+    rows.append("| every other engine flag | passed to vLLM's EngineArgs as given (vLLM's default when absent) | |")
     return "\n".join(rows)
 
 

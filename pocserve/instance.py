@@ -18,8 +18,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.model_dir import ModelNotFound
+from common.model_dir import resolve_model as common_resolve_model
 from pocserve.flags import Plan
 from pocserve.supervisor import Child
+
+
+# generate-model none: a drop-in serves the model it was given, never a generated stand-in.
+BACKEND_FIXED = ("--generate-model", "none")
 
 
 class InstanceError(Exception):
@@ -38,10 +44,9 @@ class Instance:
         return f"ipc://{self.run_dir}/backend.ipc"
 
     def backend_command(self) -> list[str]:
-        # generate-model none: a drop-in serves the model it was given, never a generated stand-in.
-        return [sys.executable, "-m", "backend", "--model", str(self.model_dir), "--generate-model", "none",
-                "--served-model-name", self.plan.served_model_name, "--address", self.address,
-                "--state-dir", str(self.state_dir), *self.plan.backend_args]
+        """vLLM's command line as given (the backend takes it whole), then the instance's own settings."""
+        return [sys.executable, "-m", "backend", *self.plan.backend_args, *BACKEND_FIXED, "--address", self.address,
+                "--state-dir", str(self.state_dir)]
 
     def frontend_command(self) -> list[str]:
         return [sys.executable, "-m", "frontend", "--host", self.plan.host, "--port", str(self.plan.port),
@@ -59,8 +64,7 @@ class Instance:
     def describe(self) -> dict[str, object]:
         """For the start log line."""
         return {"port": self.plan.port, "host": self.plan.host, "model": str(self.model_dir),
-                "served_model_name": self.plan.served_model_name, "state_dir": str(self.state_dir),
-                "address": self.address}
+                "state_dir": str(self.state_dir), "address": self.address}
 
     def remove_run_dir(self) -> None:
         shutil.rmtree(self.run_dir, ignore_errors=True)
@@ -80,24 +84,10 @@ def prepare(plan: Plan, state_root: Path) -> Instance:
 
 
 def resolve_model(model: str, revision: str | None = None, download_dir: str | None = None) -> Path:
-    """The model directory: --model itself, or its snapshot in the local Hugging Face cache (offline: vLLM's
-    default of downloading is not ours)."""
-    given = Path(model).expanduser()
-    if given.is_dir():
-        return given.resolve()
-    if given.is_absolute() or model.startswith(".") or model.count("/") != 1:
-        raise InstanceError(f"--model {model}: no such directory")
     try:
-        from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
-    except ImportError:
-        raise InstanceError(f"--model {model}: no such directory") from None
-    try:
-        found = snapshot_download(model, revision=revision, cache_dir=download_dir, local_files_only=True)
-    except (HFValidationError, LocalEntryNotFoundError, OSError):
-        raise InstanceError(f"--model {model}: no such directory, and not in the local Hugging Face cache "
-                            "(pocserve never downloads)") from None
-    return Path(found)
+        return common_resolve_model(model, revision, download_dir)
+    except ModelNotFound as e:
+        raise InstanceError(f"--model {e}") from None
 
 
 def check_port_free(host: str, port: int) -> None:

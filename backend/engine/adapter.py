@@ -25,6 +25,7 @@ from backend.engine import parallel  # noqa: E402
 from backend.engine.args import USAGE_CONTEXT, engine_args  # noqa: E402
 from backend.engine.poc import PocRunner  # noqa: E402
 from backend.settings import BackendSettings  # noqa: E402
+from common.config import SettingsError  # noqa: E402
 from common.logs import process_uptime_s  # noqa: E402
 from protocol.common import Fingerprint  # noqa: E402
 from protocol.version import PROTOCOL_VERSION  # noqa: E402
@@ -44,10 +45,13 @@ class Engine:
         self.settings = settings
         started = time.monotonic()
         parallel.bind_cpu_threads(settings)
-        self.vllm_config = engine_args(settings).create_engine_config(USAGE_CONTEXT)
+        try:
+            self.vllm_config = engine_args(settings).create_engine_config(USAGE_CONTEXT)
+        except ValueError as e:  # vLLM's own checks of its flags (pydantic's ValidationError is one too)
+            raise SettingsError(" ".join(str(e).split())) from e
         self.core = EngineCore(self.vllm_config, Executor.get_class(self.vllm_config), log_stats=True)
         try:
-            if settings.pipeline_parallel_size > 1:
+            if settings.engine.pipeline_parallel_size > 1:
                 self.core.collective_rpc("prepare_pipeline_stage")
             if settings.enforced_sampling:
                 self.core.collective_rpc("install_enforced_sampling")
@@ -55,8 +59,10 @@ class Engine:
             self.max_model_len = int(self.vllm_config.model_config.max_model_len)
             # Set by EngineCore once it has sized the KV cache.
             self.num_gpu_blocks = int(self.vllm_config.cache_config.num_gpu_blocks or 0)
-            step_tokens = int(self.vllm_config.scheduler_config.max_num_batched_tokens)
-            self.poc = PocRunner(self.core, settings.max_num_seqs, min(settings.poc_max_batch_tokens, step_tokens))
+            scheduler = self.vllm_config.scheduler_config
+            self.max_num_seqs = int(scheduler.max_num_seqs)  # vLLM's default for this device where not given
+            step_tokens = int(scheduler.max_num_batched_tokens)
+            self.poc = PocRunner(self.core, self.max_num_seqs, min(settings.poc_max_batch_tokens, step_tokens))
             self.poc.overlaps = self._prepare_overlap(settings)
             self.poc.max_in_flight = settings.poc_forwards_in_flight
         except BaseException:
@@ -65,15 +71,17 @@ class Engine:
         # Internal ids registered with the workers' enforced-sampling hooks, until they finish.
         self._enforced: set[str] = set()
         log.info("engine_ready", model=str(settings.model), vllm_version=vllm.__version__,
-                 block_size=compat.block_size(self.core), tensor_parallel_size=settings.tensor_parallel_size,
-                 pipeline_parallel_size=settings.pipeline_parallel_size, poc_layer_ranges=self.poc.layer_ranges,
+                 block_size=compat.block_size(self.core), tensor_parallel_size=settings.engine.tensor_parallel_size,
+                 pipeline_parallel_size=settings.engine.pipeline_parallel_size, max_num_seqs=self.max_num_seqs,
+                 dtype=str(self.vllm_config.model_config.dtype).removeprefix("torch."),
+                 poc_layer_ranges=self.poc.layer_ranges,
                  poc_overlap=self.poc.overlaps, poc_forwards_in_flight=settings.poc_forwards_in_flight,
                  torch_threads=torch.get_num_threads(), elapsed_s=round(time.monotonic() - started, 1),
                  uptime_s=process_uptime_s())
 
     def _prepare_overlap(self, settings: BackendSettings) -> bool:
         """Whether PoC forwards run beside chat steps (--poc-overlap); sets up the worker's streams if so."""
-        one_rank = settings.tensor_parallel_size * settings.pipeline_parallel_size == 1
+        one_rank = settings.vllm.world_size == 1
         if settings.poc_overlap == "off" or not one_rank:
             return False
         streams = self.core.collective_rpc("poc_prepare_overlap", args=(settings.chat_share,))[0]
@@ -84,8 +92,9 @@ class Engine:
     def fingerprint(self) -> Fingerprint:
         cfg = self.vllm_config
         return Fingerprint(
-            protocol_version=PROTOCOL_VERSION, served_model_name=self.settings.model_name,
-            model_path=str(self.settings.model), max_model_len=self.max_model_len,
+            protocol_version=PROTOCOL_VERSION, served_model_name=self.settings.vllm.served_names[0],
+            model_path=str(self.settings.model), model_aliases=list(self.settings.vllm.served_names[1:]),
+            max_model_len=self.max_model_len,
             block_size=compat.block_size(self.core), dtype=str(cfg.model_config.dtype).removeprefix("torch."),
             vllm_version=vllm.__version__, engine_device=str(cfg.device_config.device_type),
             poc_code_version=POC_CODE_VERSION, python_hash_seed=compat.ENGINE_ENV_DEFAULTS["PYTHONHASHSEED"],

@@ -1,11 +1,14 @@
-"""vLLM's engine arguments from the backend settings: the one place both backend processes build them from."""
+"""vLLM's engine arguments as the backend builds them: pocserve's changes to the given compilation and
+structured-output configs, and the one copy both backend processes build their config from."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import os
 from collections.abc import Mapping
 
-from vllm.config import StructuredOutputsConfig
+from vllm.config import CompilationConfig, StructuredOutputsConfig
 from vllm.engine.arg_utils import EngineArgs
 from vllm.usage.usage_lib import UsageContext
 
@@ -15,11 +18,13 @@ from backend.settings import BackendSettings
 USAGE_CONTEXT = UsageContext.OPENAI_API_SERVER
 
 
-def _structured_outputs_config(settings: BackendSettings) -> StructuredOutputsConfig:
-    if settings.json_whitespace:
-        return StructuredOutputsConfig()
-    # Compact JSON is an xgrammar/guidance option; xgrammar is what vLLM picks by default anyway.
-    return StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True)
+def structured_outputs_config(config: StructuredOutputsConfig, json_whitespace: bool) -> StructuredOutputsConfig:
+    """vLLM's structured outputs as given; --no-json-whitespace asks for compact JSON (an xgrammar/guidance
+    option: xgrammar where vLLM would pick)."""
+    if json_whitespace:
+        return config
+    backend = "xgrammar" if config.backend == "auto" else config.backend
+    return dataclasses.replace(config, backend=backend, disable_any_whitespace=True)
 
 
 def multicast_switched_off(environ: Mapping[str, str]) -> str | None:
@@ -43,34 +48,18 @@ def allreduce_fusion(setting: str, environ: Mapping[str, str]) -> bool:
     return setting == "on"
 
 
-def compilation_config(settings: BackendSettings, environ: Mapping[str, str] = os.environ) -> dict:
-    # The fork runs every model with vLLM's custom ops (spec §1.6): the PoC forward's numerics, and its eager
-    # speed (native ops are ~2x slower there), follow this set on every node.
-    config: dict = {"custom_ops": ["all"]}
-    if not allreduce_fusion(settings.allreduce_fusion, environ):
-        config["pass_config"] = {"fuse_allreduce_rms": False}
+def compilation_config(config: CompilationConfig, fusion_setting: str,
+                       environ: Mapping[str, str] = os.environ) -> CompilationConfig:
+    """The given compilation config with the fork's custom ops (every vLLM custom op): the PoC forward's numerics,
+    and its eager speed (native ops are ~2x slower there), follow this set on every node; and the fused all-reduce
+    + RMSNorm off where allreduce_fusion says so."""
+    config = copy.deepcopy(config)
+    config.custom_ops = ["all"]
+    if not allreduce_fusion(fusion_setting, environ):
+        config.pass_config.fuse_allreduce_rms = False
     return config
 
 
 def engine_args(settings: BackendSettings) -> EngineArgs:
-    return EngineArgs(
-        model=str(settings.model), served_model_name=[settings.model_name], dtype=settings.dtype,
-        kv_cache_dtype=settings.kv_cache_dtype, quantization=settings.quantization or None,
-        max_model_len=settings.max_model_len or None, max_num_seqs=settings.max_num_seqs,
-        # Unset: as many as the largest PoC forward, so vLLM's profile and workspaces cover it (engine/poc.py).
-        max_num_batched_tokens=settings.max_num_batched_tokens or settings.poc_max_batch_tokens,
-        gpu_memory_utilization=settings.gpu_memory_utilization,
-        tensor_parallel_size=settings.tensor_parallel_size,
-        pipeline_parallel_size=settings.pipeline_parallel_size, enforce_eager=settings.enforce_eager,
-        # Across hosts: vLLM's multiprocessing executor on node 0 drives every rank; the other nodes run theirs
-        # headless (backend/engine/headless.py). One node: vLLM's defaults.
-        nnodes=settings.nnodes, node_rank=settings.node_rank, master_addr=settings.master_addr,
-        master_port=settings.master_port,
-        # The engine always computes processed logprobs; rows asking for raw ones get them from the
-        # enforced-sampling wrapper (sampling/enforced.py), so the mode can differ per request.
-        logprobs_mode="processed_logprobs", seed=settings.seed,
-        block_size=settings.block_size or None, enable_prefix_caching=True,
-        structured_outputs_config=_structured_outputs_config(settings),
-        worker_extension_cls="backend.engine.worker_extension.WorkerExtension",
-        compilation_config=compilation_config(settings),
-    )
+    """A copy of the settings' engine arguments (vLLM fills in defaults on the object it builds a config from)."""
+    return copy.deepcopy(settings.vllm.engine)

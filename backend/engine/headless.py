@@ -51,21 +51,22 @@ def run_worker_node(settings: BackendSettings) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    log.info("worker_node_starting", node_rank=settings.node_rank, nnodes=settings.nnodes,
-             master=f"{settings.master_addr}:{settings.master_port}", local_ranks=parallel.local_world_size(settings))
+    e = settings.engine
+    log.info("worker_node_starting", node_rank=e.node_rank, nnodes=e.nnodes, master=f"{e.master_addr}:{e.master_port}",
+             local_ranks=parallel.local_world_size(settings))
     executor = MultiprocExecutor(config, monitor_workers=False)  # returns once every rank has joined
     try:
         executor.start_worker_monitor()  # a thread: a dead worker marks the executor failed and shuts it down
-        log.info("worker_node_ready", node_rank=settings.node_rank)
+        log.info("worker_node_ready", node_rank=e.node_rank)
         misses = 0
         while not executor.is_failed:
             time.sleep(_PROBE_INTERVAL_S)
-            misses = 0 if _reachable(settings.master_addr, settings.master_port) else misses + 1
+            misses = 0 if _reachable(e.master_addr, e.master_port) else misses + 1
             if misses >= _PROBE_MISSES:
-                log.error("worker_node_lost_node_0", master=f"{settings.master_addr}:{settings.master_port}",
+                log.error("worker_node_lost_node_0", master=f"{e.master_addr}:{e.master_port}",
                           after_s=misses * _PROBE_INTERVAL_S)
                 return 1
-        log.error("worker_node_worker_died", node_rank=settings.node_rank)
+        log.error("worker_node_worker_died", node_rank=e.node_rank)
         return 1
     except SystemExit as e:
         return int(e.code or 0)

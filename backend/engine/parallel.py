@@ -34,18 +34,19 @@ CPU_KV_SPACE_VAR = "VLLM_CPU_KVCACHE_SPACE"
 
 
 def world_size(settings: BackendSettings) -> int:
-    return settings.tensor_parallel_size * settings.pipeline_parallel_size
+    return settings.vllm.world_size
 
 
 def local_world_size(settings: BackendSettings) -> int:
     """The ranks this host runs (vLLM splits them evenly over the nodes, in rank order)."""
-    return world_size(settings) // settings.nnodes
+    return world_size(settings) // settings.engine.nnodes
 
 
 def check_nodes(settings: BackendSettings) -> None:
     world = world_size(settings)
-    if world % settings.nnodes:
-        raise SettingsError(f"{NNODES}: {settings.nnodes} hosts cannot share {TP} x {PP} = {world} ranks evenly")
+    nnodes = settings.engine.nnodes
+    if world % nnodes:
+        raise SettingsError(f"{NNODES}: {nnodes} hosts cannot share {TP} x {PP} = {world} ranks evenly")
 
 
 def model_config(model_dir: Path) -> dict[str, Any]:
@@ -90,20 +91,21 @@ def check_cpu(settings: BackendSettings, cpus: Sequence[int], environ: Mapping[s
         raise SettingsError(f"{_ranks_here(settings, world)}, but this process may use {_cores(len(cpus))} and "
                             f"every CPU rank needs one of its own (to share cores on purpose, set {CPU_BIND_VAR})")
     if bind not in ("auto", "nobind") and len(bind.split("|")) != world:
-        where = f"({TP} x {PP})" if settings.nnodes == 1 else f"on this host ({TP} x {PP} over {NNODES} " \
-            f"{settings.nnodes})"
+        where = f"({TP} x {PP})" if settings.engine.nnodes == 1 else f"on this host ({TP} x {PP} over {NNODES} " \
+            f"{settings.engine.nnodes})"
         raise SettingsError(f"{CPU_BIND_VAR}={bind!r} gives {len(bind.split('|'))} core lists for {world} ranks "
                             f"{where}; give one per rank, or unset it to have them chosen")
-    if not environ.get(CPU_KV_SPACE_VAR) and world * settings.gpu_memory_utilization > 1.0:
+    share = settings.engine.gpu_memory_utilization
+    if not environ.get(CPU_KV_SPACE_VAR) and world * share > 1.0:
         raise SettingsError(f"--gpu-memory-utilization / POCSERVE_GPU_MEMORY_UTILIZATION: each of the {world} CPU "
-                            f"ranks reserves {settings.gpu_memory_utilization:g} of RAM, more than all of it; use "
+                            f"ranks reserves {share:g} of RAM, more than all of it; use "
                             f"at most {1.0 / world:.3g}")
 
 
 def _ranks_here(settings: BackendSettings, world: int) -> str:
-    if settings.nnodes == 1:
+    if settings.engine.nnodes == 1:
         return f"{TP} x {PP} = {world} ranks"
-    return f"{world} ranks on this host ({TP} x {PP} over {NNODES} {settings.nnodes})"
+    return f"{world} ranks on this host ({TP} x {PP} over {NNODES} {settings.engine.nnodes})"
 
 
 def _cores(n: int) -> str:
@@ -113,7 +115,8 @@ def _cores(n: int) -> str:
 def check_topology(settings: BackendSettings) -> None:
     """Every start check of the parallel sizes against the model and, on the CPU engine, the machine."""
     check_nodes(settings)
-    check_split(model_config(settings.model), settings.tensor_parallel_size, settings.pipeline_parallel_size)
+    check_split(model_config(settings.model), settings.engine.tensor_parallel_size,
+                settings.engine.pipeline_parallel_size)
     if compat.is_cpu_build():
         check_cpu(settings, sorted(os.sched_getaffinity(0)), os.environ)
 

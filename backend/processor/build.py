@@ -35,10 +35,13 @@ def build(settings: BackendSettings, phases_s: dict[str, float | None] | None = 
     tokenized = time.monotonic()
     max_model_len = int(config.model_config.max_model_len)
     vocab_size = int(config.model_config.get_vocab_size())
-    vocab = Vocab(tokenizer, vocab_size, max_model_len)
-    parsers = ChatParsers(settings.tool_call_parser, settings.reasoning_parser, settings.enable_auto_tool_choice,
+    vocab = Vocab(tokenizer, vocab_size, max_model_len, settings.vllm.chat_template,
+                  settings.vllm.chat_template_kwargs)
+    parsers = ChatParsers(settings.vllm.tool_call_parser, settings.engine.reasoning_parser or "",
+                          settings.vllm.enable_auto_tool_choice,
                           tokenizer, config.model_config)
-    preparer = Preparer(settings, InputProcessor(config, renderer), vocab, max_model_len, parsers)
+    preparer = Preparer(settings, InputProcessor(config, renderer), vocab, max_model_len, parsers,
+                        int(config.scheduler_config.max_num_seqs))
     outputs = OutputProcessor(tokenizer, log_stats=True, stream_interval=config.scheduler_config.stream_interval)
     if phases_s is not None:
         phases_s.update(config=round(configured - started, 2), tokenizer=round(tokenized - configured, 2),

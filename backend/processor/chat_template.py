@@ -38,9 +38,14 @@ def conversation(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 
 
 def render(tokenizer, messages: list[ChatMessage], tools: list[dict] | None, *, add_generation_prompt: bool = True,
-           continue_final_message: bool = False) -> str:
-    """The prompt text; a template that does not use `tools` ignores them. RequestError if the template fails."""
-    kwargs: dict[str, Any] = {}
+           continue_final_message: bool = False, template: str | None = None,
+           template_kwargs: dict[str, Any] | None = None) -> str:
+    """The prompt text; a template that does not use `tools` ignores them. RequestError if the template fails.
+    `template` and `template_kwargs` are vllm serve's --chat-template and --default-chat-template-kwargs (None:
+    the model's own template)."""
+    kwargs: dict[str, Any] = dict(template_kwargs or {})
+    if template is not None:
+        kwargs["chat_template"] = template
     if tools:
         kwargs["tools"] = tools
     if continue_final_message:

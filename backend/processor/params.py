@@ -47,7 +47,8 @@ def render_prompt(vocab: Vocab, req: GenerateRequest, tools: list[dict] | None =
         if not req.messages:
             raise RequestError("messages must not be empty", param="messages")
         vocab.check_fits("".join(m.content for m in req.messages), "messages")
-        text = chat_template.render(tokenizer, req.messages, tools)
+        text = chat_template.render(tokenizer, req.messages, tools, template=vocab.chat_template,
+                                    template_kwargs=vocab.chat_template_kwargs)
         return list(tokenizer.encode(text, add_special_tokens=False))
     if req.prompt is None:
         raise RequestError("either messages or prompt is required", param="prompt")
@@ -95,8 +96,11 @@ def _structured(spec: SamplingSpec) -> StructuredOutputsParams | None:
 class Vocab:
     """The tokenizer facts requests are checked against (enforced tokens, prompt size)."""
 
-    def __init__(self, tokenizer, vocab_size: int, max_model_len: int) -> None:
+    def __init__(self, tokenizer, vocab_size: int, max_model_len: int, chat_template: str | None = None,
+                 chat_template_kwargs: dict | None = None) -> None:
         self.tokenizer = tokenizer
+        self.chat_template = chat_template  # vllm serve's --chat-template (None: the model's)
+        self.chat_template_kwargs = chat_template_kwargs or {}
         self.size = vocab_size
         self.eos_id = int(tokenizer.eos_token_id)
         self.max_model_len = max_model_len

@@ -42,19 +42,20 @@ class EngineRequests:
 
 class Preparer:
     def __init__(self, settings: BackendSettings, input_processor, vocab: Vocab, max_model_len: int,
-                 parsers: ChatParsers) -> None:
+                 parsers: ChatParsers, max_num_seqs: int) -> None:
         self._settings = settings
         self._inputs = input_processor
         self.vocab = vocab
         self.max_model_len = max_model_len
         self.parsers = parsers
+        self.max_num_seqs = max_num_seqs
         self._input_errors = compat.input_error_types()
 
     def tokenize(self, req: GenerateRequest) -> Tokenized:
         """Tokenizes and checks one request; RequestError for client mistakes. Thread-safe."""
         n = req.sampling.n
-        if not 1 <= n <= self._settings.max_num_seqs:
-            raise RequestError(f"n must be between 1 and {self._settings.max_num_seqs} (this backend's "
+        if not 1 <= n <= self.max_num_seqs:
+            raise RequestError(f"n must be between 1 and {self.max_num_seqs} (this backend's "
                                f"--max-num-seqs), got {n}", param="n")
         prompt_param = "messages" if req.messages is not None else "prompt"
         parsing = self.parsers.prepare(req)
@@ -64,7 +65,7 @@ class Preparer:
         if parsing is not None:
             parsing.prompt_ids = prompt_ids
             grammar, skip_special_tokens = parsing.request.structured_outputs, parsing.request.skip_special_tokens
-        params = sampling_params(req.sampling, max_tokens, req.stream, self.vocab, self._settings.logprobs_mode,
+        params = sampling_params(req.sampling, max_tokens, req.stream, self.vocab, self._settings.vllm.logprobs_mode,
                                  tool_grammar=grammar, skip_special_tokens=skip_special_tokens)
         if params.extra_args and not self._settings.enforced_sampling:
             raise RequestError("validator replay (enforced tokens, raw logprobs) is disabled on this backend",

@@ -43,7 +43,8 @@ class Tokenization:
                 check_tool_schemas(req.tools)
             text = chat_template.render(tokenizer, req.messages, tool_dicts(req.tools) if req.tools else None,
                                         add_generation_prompt=req.add_generation_prompt,
-                                        continue_final_message=req.continue_final_message)
+                                        continue_final_message=req.continue_final_message,
+                                        template=vocab.chat_template, template_kwargs=vocab.chat_template_kwargs)
         elif req.prompt is not None:
             vocab.check_fits(req.prompt, "prompt")
             text = req.prompt

@@ -65,10 +65,12 @@ class Shape:
         return self.num_experts > 0
 
 
+# The tiny shapes take the real 235B model's context (262144), so that the network's `--max-model-len 240000`
+# starts them as it starts the real one (the rotary cache is computed per position: no weight or number changes).
 SHAPES: dict[str, Shape] = {
-    "tiny": Shape(256, 768, 4, 4, 2, 64, 4096),
+    "tiny": Shape(256, 768, 4, 4, 2, 64, 262144),
     "qwen3-0.6b": Shape(1024, 3072, 28, 16, 8, 128, 40960),
-    "tiny-moe": Shape(256, 768, 4, 4, 2, 64, 4096, num_experts=8, num_experts_per_tok=2,
+    "tiny-moe": Shape(256, 768, 4, 4, 2, 64, 262144, num_experts=8, num_experts_per_tok=2,
                       moe_intermediate_size=128),
     # Qwen3-235B-A22B-Instruct-2507's config.json; the 2507 release raised rope_theta from 1e6 to 5e6 with
     # the 256K context. 94 layers in full (~470 GB in bf16): --num-layers (required) picks how many.

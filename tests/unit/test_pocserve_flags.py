@@ -1,66 +1,53 @@
-"""pocserve.flags and pocserve.cli: the ML node's command lines parsed by vLLM's own parser and translated through
-the one table (no engine, no processes)."""
+"""pocserve.flags and pocserve.cli: the ML node's command lines parsed by vLLM's own parser, the server flags
+decided by the one table, the engine flags handed to the backend as given (no engine, no processes)."""
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
 import pytest
 
-from backend.settings import OPTIONS as BACKEND_OPTIONS
 from frontend.settings import OPTIONS as FRONTEND_OPTIONS
 from pocserve.cli import UsageError, early_options, parse
-from pocserve.flags import OWN_WORKER_EXTENSION, TABLE, Launcher, Refusal, flag_name, markdown_table, translate
+from pocserve.flags import TABLE, Refusal, flag_name, markdown_table, translate, without_api_key
 
 pytest.importorskip("vllm")  # vLLM's own parser
 
 # What the ML node's VLLMRunner builds: its own flags, the node's model config, the worker extension last.
-ML_NODE = ["--model", "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8", "--dtype", "auto", "--port", "5001", "--host",
-           "0.0.0.0"]
+ML_NODE = ["--model", "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8", "--dtype", "float16", "--port", "5001", "--host",
+           "0.0.0.0", "--enable-prompt-tokens-details"]
 WORKER_EXTENSION = ["--worker-extension-cls", "gonka_poc.worker.PoCWorkerExtension"]
 
 
 def plan_of(*args: str, vllm_api_key: str = ""):
-    return translate(parse([*ML_NODE, *args, *WORKER_EXTENSION]), vllm_api_key)
+    argv = [*ML_NODE, *args, *WORKER_EXTENSION]
+    return translate(parse(argv), argv, vllm_api_key)
 
 
-def test_flags_ml_node_command_line_maps_onto_backend_and_frontend_settings():
-    plan = plan_of("--tensor-parallel-size", "4", "--pipeline-parallel-size", "2", "--max-model-len", "32k",
-                   "--max-num-seqs", "128", "--gpu-memory-utilization", "0.9", "--kv-cache-dtype", "fp8",
-                   "--quantization", "fp8", "--enable-prefix-caching", "--enforce-eager", "--seed", "7",
-                   "--max-num-batched-tokens", "8192", "--logprobs-mode", "processed_logprobs",
-                   "--return-tokens-as-token-ids")
-    assert plan.model == plan.served_model_name == "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8"
+def test_flags_engine_flags_reach_the_backend_as_given():
+    engine = ["--tensor-parallel-size", "4", "--max-model-len", "240000", "--quantization", "fp8",
+              "--scheduling-policy", "priority", "--enable-expert-parallel", "--max-num-batched-tokens", "32768",
+              "--gpu-memory-utilization", "0.88", "--load-format", "dummy", "--trust-remote-code",
+              "--kv-cache-dtype", "fp8", "--logprobs-mode", "processed_logprobs", "--revision", "abc"]
+    plan = plan_of(*engine)
+    assert plan.backend_args == (*ML_NODE, *engine, *WORKER_EXTENSION)
     assert (plan.host, plan.port, plan.api_key) == ("0.0.0.0", 5001, "")
-    args = plan.backend_args
-    pairs = dict(itertools.pairwise(args))
-    assert pairs["--tensor-parallel-size"] == "4" and pairs["--pipeline-parallel-size"] == "2"
-    assert pairs["--max-model-len"] == "32000" and pairs["--max-num-seqs"] == "128"
-    assert pairs["--gpu-memory-utilization"] == "0.9" and pairs["--kv-cache-dtype"] == "fp8"
-    assert pairs["--quantization"] == "fp8" and pairs["--seed"] == "7" and pairs["--dtype"] == "auto"
-    assert pairs["--max-num-batched-tokens"] == "8192" and pairs["--logprobs-mode"] == "processed_logprobs"
-    assert "--enforce-eager" in args
-    assert plan.frontend_args == ("--logprob-token-format", "ids")
+    assert plan.frontend_args == ("--enable-prompt-tokens-details",)
     assert plan.ignored == ()
-    assert plan.foreign_worker_extension == "gonka_poc.worker.PoCWorkerExtension"
 
 
-def test_flags_absent_flags_keep_pocserve_defaults_except_vllm_semantics():
-    plan = translate(parse(["--model", "/models/m"]))
-    assert plan.backend_args == ("--gpu-memory-utilization", str(parse([]).defaults["gpu_memory_utilization"]))
+def test_flags_absent_flags_keep_vllm_semantics():
+    plan = translate(parse(["--model", "/models/m"]), ["--model", "/models/m"])
+    assert plan.backend_args == ("--model", "/models/m")
     assert (plan.host, plan.port) == ("0.0.0.0", 8000)  # vLLM's: every interface, port 8000
-    assert plan.frontend_args == () and plan.foreign_worker_extension == ""
+    assert plan.frontend_args == ()
 
 
-def test_flags_served_model_name_and_positional_model():
-    assert plan_of("--served-model-name", "tiny").served_model_name == "tiny"
-    plan = translate(parse(["/models/m", "--port", "5002"]))
-    assert plan.model == plan.served_model_name == "/models/m"
-    with pytest.raises(Refusal, match=r"^--served-model-name: "):
-        plan_of("--served-model-name", "a", "b")
+def test_flags_positional_model_and_model_required():
+    plan = translate(parse(["/models/m", "--port", "5002"]), ["/models/m", "--port", "5002"])
+    assert plan.model == "/models/m" and plan.backend_args == ("/models/m", "--port", "5002")
     with pytest.raises(Refusal, match=r"^--model: required"):
-        translate(parse(["--port", "5002"]))
+        translate(parse(["--port", "5002"]), ["--port", "5002"])
 
 
 def test_flags_unknown_flag_is_a_one_line_usage_error():
@@ -72,64 +59,63 @@ def test_flags_unknown_flag_is_a_one_line_usage_error():
 
 
 @pytest.mark.parametrize(("args", "flag"), [
-    (["--enable-expert-parallel"], "--enable-expert-parallel"),  # not in the table: refused
-    (["--data-parallel-size", "2"], "--data-parallel-size"),  # refused with its reason
-    (["--chat-template", "x.jinja"], "--chat-template"),
-    (["--logprobs-mode", "raw_logits"], "--logprobs-mode"),  # a value pocserve cannot honour
-    (["--distributed-executor-backend", "ray"], "--distributed-executor-backend"),
-    (["--max-model-len", "auto"], "--max-model-len"),
+    (["--ssl-keyfile", "k.pem"], "--ssl-keyfile"),
+    (["--lora-modules", "a=/x"], "--lora-modules"),
+    (["--response-role", "bot"], "--response-role"),
+    (["--api-server-count", "2"], "--api-server-count"),
+    (["--chat-template-content-format", "openai"], "--chat-template-content-format"),
+    (["--enable-force-include-usage"], "--enable-force-include-usage"),  # not in the table: refused
 ])
-def test_flags_refused_flag_names_itself(args, flag):
+def test_flags_refused_server_flag_names_itself(args, flag):
     with pytest.raises(Refusal) as e:
         plan_of(*args)
     assert e.value.flag == flag and str(e.value).startswith(f"{flag}: ")
 
 
 def test_flags_refused_flag_given_with_vllm_default_asks_for_nothing():
-    plan = plan_of("--no-enable-expert-parallel", "--data-parallel-size", "1", "--distributed-executor-backend",
-                   "mp")
-    assert plan.ignored == (("--distributed-executor-backend",
-                             "pocserve runs the ranks with vLLM's multiprocessing executor"),)
+    plan = plan_of("--api-server-count", "1", "--response-role", "assistant")
+    assert plan.ignored == ()
+
+
+def test_flags_processor_flags_go_to_the_backend():
+    plan = plan_of("--chat-template", "t.jinja", "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
+                   "--chat-template-content-format", "string")
+    assert "--tool-call-parser" in plan.backend_args and plan.frontend_args == ("--enable-prompt-tokens-details",)
 
 
 def test_flags_harmless_flags_are_logged_as_ignored():
-    plan = plan_of("--trust-remote-code", "--disable-log-stats", "--no-enable-prefix-caching",
-                   "--compilation-config", '{"mode": 0}', "--uvicorn-log-level", "warning")
-    assert {flag for flag, _why in plan.ignored} == {"--trust-remote-code", "--uvicorn-log-level",
-                                                     "--enable-prefix-caching", "--compilation-config",
-                                                     "--disable-log-stats"}
-    assert plan.backend_args == ("--dtype", "auto", "--gpu-memory-utilization",
-                                 str(parse([]).defaults["gpu_memory_utilization"]))
+    plan = plan_of("--disable-log-stats", "--uvicorn-log-level", "warning", "--allowed-origins", '["*"]')
+    # --disable-log-stats is an engine flag: the backend's, passed as given.
+    assert {flag for flag, _why in plan.ignored} == {"--uvicorn-log-level", "--allowed-origins"}
 
 
-def test_flags_worker_extension_is_replaced_never_refused():
-    assert translate(parse(ML_NODE)).foreign_worker_extension == ""
-    own = translate(parse([*ML_NODE, "--worker-extension-cls", OWN_WORKER_EXTENSION]))
-    assert own.foreign_worker_extension == ""
-    assert plan_of().foreign_worker_extension == "gonka_poc.worker.PoCWorkerExtension"
-
-
-def test_flags_api_key_from_the_flag_or_vllm_api_key():
-    assert plan_of("--api-key", "k1").api_key == "k1"
+def test_flags_api_key_from_the_flag_or_vllm_api_key_never_on_the_backend_line():
+    plan = plan_of("--api-key", "k1")
+    assert plan.api_key == "k1" and "k1" not in plan.backend_args and "--api-key" not in plan.backend_args
     assert plan_of(vllm_api_key="k2").api_key == "k2"
     assert plan_of("--api-key", "k1", vllm_api_key="k2").api_key == "k1"
     with pytest.raises(Refusal, match=r"^--api-key: "):
         plan_of("--api-key", "k1", "k3")
+    assert without_api_key(["--api-key=k", "--port", "1", "--api-key", "a", "b", "--seed", "2"]) == (
+        "--port", "1", "--seed", "2")
 
 
-def test_flags_table_names_real_vllm_options_and_real_pocserve_settings():
-    dests = set(parse([]).values)
-    # Ignored and refused entries may name flags of the other supported vLLM version; mapped ones must exist.
-    mapped = [d for d, r in TABLE.items() if r.target is not None or r.decide(None) == Launcher()]
-    assert not [d for d in mapped if d not in dests]
-    flags = {"backend": {o.flag for o in BACKEND_OPTIONS}, "frontend": {o.flag for o in FRONTEND_OPTIONS}}
-    targets = [rule.target for rule in TABLE.values() if rule.target is not None]
-    assert targets and not [t for t in targets if t[1] not in flags[t[0]]]
+def test_flags_table_names_real_vllm_server_options_and_real_frontend_settings():
+    from pocserve.flags import engine_dests
+
+    dests = set(parse(["--model", "m"]).values)
+    engine = engine_dests()
+    assert not [d for d in TABLE if d in engine], "engine flags pass through; the table is for server flags"
+    kept = [d for d, rule in TABLE.items() if rule.target is not None]
+    assert kept and not [d for d in kept if d not in dests]
+    frontend_flags = {o.flag for o in FRONTEND_OPTIONS}
+    assert not [r.target for r in TABLE.values() if r.target is not None and r.target not in frontend_flags]
 
 
 def test_flags_markdown_table_lists_every_flag():
     table = markdown_table()
     assert all(f"`{flag_name(dest)}`" in table for dest in TABLE)
+    assert "`--dtype`" in table and "`--max-num-batched-tokens`" in table
 
 
 def test_cli_early_options_read_without_vllm():
