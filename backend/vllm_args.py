@@ -7,7 +7,8 @@ those its processor honours (chat template, tool parser); the others are the fro
 starts with them, and the backend ignores them.
 
 Every vLLM flag is also an environment variable, POCSERVE_ and its name (POCSERVE_TENSOR_PARALLEL_SIZE=4 is
-`--tensor-parallel-size 4`), read where the flag is absent: compose files set the engine's flags that way.
+`--tensor-parallel-size 4`), read where the flag is absent (an empty one is absent): compose files set the
+engine's flags that way.
 """
 
 from __future__ import annotations
@@ -79,6 +80,12 @@ class VllmArgs:
         return int(self.engine.tensor_parallel_size) * int(self.engine.pipeline_parallel_size)
 
 
+def env_names() -> frozenset[str]:
+    """The environment variables of vLLM's flags (the backend reads them beside its own settings' ones)."""
+    actions = vllm_actions(serve_parser("pocserve-backend", ""))
+    return frozenset(ENV_PREFIX + dest.upper() for dest, action in actions.items() if action.option_strings)
+
+
 def serve_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """vLLM's serve parser; a usage error is a SettingsError with vLLM's message on one line."""
     from backend.engine.compat import serve_parser as vllm_parser
@@ -117,10 +124,16 @@ def parse(parser: argparse.ArgumentParser, actions: Mapping[str, argparse.Action
     by_env = set()
     for dest, action in actions.items():
         name = ENV_PREFIX + dest.upper()
-        if dest not in on_line and name in environ and action.option_strings:
+        # Empty is absent: compose passes `${POCSERVE_X:-}` for a flag it leaves to vLLM.
+        if dest not in on_line and environ.get(name, "").strip() and action.option_strings:
             from_env += _env_tokens(action, name, environ[name])
             by_env.add(dest)
-    return vars(_parse(parser, [*from_env, *argv])), on_line | by_env
+    try:
+        values = vars(_parse(parser, [*from_env, *argv]))
+    except SettingsError as e:  # argv parsed alone: a variable's value is at fault
+        names = ", ".join(ENV_PREFIX + d.upper() for d in sorted(by_env))
+        raise SettingsError(f"{e} (set by {names})") from None
+    return values, on_line | by_env
 
 
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:

@@ -124,7 +124,6 @@ TABLE: dict[str, Rule] = {
         lambda v: ("--enable-prompt-tokens-details" if v else "--no-enable-prompt-tokens-details",)),
     "api_server_count": kept("one frontend per instance", _one_server),
     # Harmless: logged as ignored.
-    "disable_log_stats": ignored(_LOGS),
     "enable_log_requests": ignored(_LOGS),
     "enable_log_outputs": ignored(_LOGS),
     "enable_log_deltas": ignored(_LOGS),

@@ -23,7 +23,6 @@ from common.model_dir import resolve_model as common_resolve_model
 from pocserve.flags import Plan
 from pocserve.supervisor import Child
 
-
 # generate-model none: a drop-in serves the model it was given, never a generated stand-in.
 BACKEND_FIXED = ("--generate-model", "none")
 

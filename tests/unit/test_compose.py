@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from backend import settings as backend_settings
+from backend import vllm_args
 from frontend import settings as frontend_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +36,8 @@ WORKER_FILE = ROOT / "docker-compose.worker.yml"
 PENDING_SETTINGS: dict[str, str] = {}
 
 SETTINGS_ENVS = {
-    "backend": {opt.env for opt in backend_settings.OPTIONS},
+    # The backend's own settings and vLLM's flags, each POCSERVE_<NAME> (backend/vllm_args.py).
+    "backend": {opt.env for opt in backend_settings.OPTIONS} | vllm_args.env_names(),
     "frontend": {opt.env for opt in frontend_settings.OPTIONS},
 }
 KNOWN_ENVS = {
@@ -316,13 +318,15 @@ def test_compose_backend_probe_uses_its_own_authorised_key(services: dict, curve
 
 
 @pytest.mark.parametrize("process", ["backend", "frontend"])
-def test_container_defaults_pass_settings_validation(services: dict, process: str, curve_volumes: Path) -> None:
+def test_container_defaults_pass_settings_validation(services: dict, process: str, curve_volumes: Path,
+                                                    tmp_path: Path) -> None:
     dockerfile = BACKEND_DOCKERFILE if process == "backend" else FRONTEND_DOCKERFILE
     environ = _dockerfile_env(dockerfile)
     environ.update({k: _resolve_defaults(v) for k, v in _environment(services[process]).items()})
     # The key files as the service's volume holds them (mounted at /keys in the container).
     environ = {k: v.replace("/keys", str(curve_volumes / process), 1) if v.startswith("/keys/") else v
                for k, v in environ.items()}
+    environ = _models_on(tmp_path, environ)
     module = backend_settings if process == "backend" else frontend_settings
     s = module.load_settings(argv=[], environ=environ)  # raises SettingsError on a bad value or key file
     if process == "backend":
@@ -413,13 +417,21 @@ def test_worker_node_builds_node_0s_engine(services: dict) -> None:
     assert {k: worker.get(k) for k in vllm} == vllm
 
 
-def test_worker_node_settings_pass_validation() -> None:
+def _models_on(tmp_path: Path, environ: dict[str, str]) -> dict[str, str]:
+    """The environment with the model volume (/models in the container) in tmp_path, the default model in it: the
+    backend checks at start that the model it is given is a directory."""
+    (tmp_path / "models" / "tiny-qwen3").mkdir(parents=True, exist_ok=True)
+    return {k: v.replace("/models", str(tmp_path / "models"), 1) if v.startswith("/models/") else v
+            for k, v in environ.items()}
+
+
+def test_worker_node_settings_pass_validation(tmp_path: Path) -> None:
     service = _load(WORKER_FILE)["services"]["worker"]
     environ = _dockerfile_env(BACKEND_DOCKERFILE)
     environ.update({k: _resolve_defaults(v) for k, v in _environment(service).items()})
     environ.update(POCSERVE_NNODES="2", POCSERVE_NODE_RANK="1", POCSERVE_MASTER_ADDR="10.0.0.1")
-    s = backend_settings.load_settings(argv=[], environ=environ)
-    assert (s.nnodes, s.node_rank, s.master_addr) == (2, 1, "10.0.0.1")
+    e = backend_settings.load_settings(argv=[], environ=_models_on(tmp_path, environ)).engine
+    assert (e.nnodes, e.node_rank, e.master_addr) == (2, 1, "10.0.0.1")
     assert service["network_mode"] == "host" and service["ipc"] == "host"
     assert service["healthcheck"] == {"disable": True}  # the image's probe needs a socket a worker never opens
 

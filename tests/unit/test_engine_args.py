@@ -22,22 +22,23 @@ def test_allreduce_fusion_table(setting, environ, fused):
     assert allreduce_fusion(setting, environ) is fused
 
 
-def test_the_fusion_off_is_the_only_change_and_vllm_keeps_it():
-    default = load_settings([], {})
-    assert compilation_config(default, {}) == {"custom_ops": ["all"]}
-    config = compilation_config(default, {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"})
-    assert config == {"custom_ops": ["all"], "pass_config": {"fuse_allreduce_rms": False}}
-    # vLLM's own config takes the dict as EngineArgs hands it on: the pass stays off, the others keep their defaults.
-    built = CompilationConfig(**config)
-    assert built.pass_config.fuse_allreduce_rms is False
-    assert built.custom_ops == ["all"]
+def test_the_fusion_off_and_custom_ops_are_the_only_changes_to_the_given_config():
+    given = CompilationConfig(mode=3, cudagraph_capture_sizes=[1, 2, 4])
+    config = compilation_config(given, "auto", {})
+    assert config.custom_ops == ["all"]
+    assert config.pass_config.fuse_allreduce_rms == given.pass_config.fuse_allreduce_rms
+    assert (config.mode, config.cudagraph_capture_sizes) == (3, [1, 2, 4])
+    off = compilation_config(given, "auto", {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"})
+    assert off.pass_config.fuse_allreduce_rms is False and given.custom_ops == []  # the given one is untouched
+    # Through the command line: -cc reaches the engine with pocserve's two changes.
+    e = load_settings(["--model", "m", "-cc", '{"mode": 0}', "--allreduce-fusion", "off"], {}).engine
+    assert (e.compilation_config.mode, e.compilation_config.custom_ops) == (0, ["all"])
+    assert e.compilation_config.pass_config.fuse_allreduce_rms is False
 
 
-def test_an_unknown_allreduce_fusion_value_is_refused(capsys):
-    with pytest.raises(SystemExit) as exc:
+def test_an_unknown_allreduce_fusion_value_is_refused():
+    with pytest.raises(SettingsError, match="--allreduce-fusion: invalid choice: 'maybe'"):
         load_settings(["--allreduce-fusion", "maybe"], {})
-    assert exc.value.code == 2
-    assert "--allreduce-fusion: invalid choice: 'maybe'" in capsys.readouterr().err
     with pytest.raises(SettingsError, match="POCSERVE_ALLREDUCE_FUSION"):
         load_settings([], {"POCSERVE_ALLREDUCE_FUSION": "maybe"})
     assert load_settings([], {"POCSERVE_ALLREDUCE_FUSION": "off"}).allreduce_fusion == "off"
