@@ -70,7 +70,8 @@ class Proc:
 def backend_args(model_dir: Path, address: str, *extra: str) -> list[str]:
     return ["-m", "backend", "--model", str(model_dir), "--address", address, "--generate-model", "none",
             "--enforce-eager", "--gpu-memory-utilization", "0.1", "--max-model-len", str(MAX_MODEL_LEN),
-            "--no-json-whitespace", "--served-model-name", "tiny", *extra]
+            "--max-num-seqs", "64", "--no-json-whitespace", "--served-model-name", "tiny",
+            "--tool-call-parser", "hermes", "--enable-auto-tool-choice", *extra]
 
 
 def frontend_args(address: str, port: int, *extra: str) -> list[str]:

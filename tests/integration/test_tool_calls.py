@@ -1,5 +1,5 @@
-"""Tool calls through the official openai client (issue 13, item 1), parsed by vLLM's hermes tool parser (the
-backend's default --tool-call-parser, with --enable-auto-tool-choice on by default).
+"""Tool calls through the official openai client (issue 13, item 1), parsed by vLLM's hermes tool parser (the test
+backends run with --tool-call-parser hermes --enable-auto-tool-choice; off by default, as in vLLM).
 
 The random tiny model never calls a tool by itself: validator replay (`enforced_str`) makes it emit exactly a tool
 call in Qwen3's own format, and the tests check what the client parses from it, streamed and not streamed.
