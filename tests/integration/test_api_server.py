@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from bench.prom import totals
-from tests.integration.pow_util import Receiver, generate, node, params, status, stop, wait_until
+from tests.integration.pow_util import Receiver, artifacts_of, generate, node, params, status, stop, wait_until
 from tests.stack import REPO, free_port
 
 # The ML node's timeout between SIGINT and SIGKILL (runner.py TERMINATION_TIMEOUT).
@@ -44,18 +44,30 @@ def heartbeat(base_url: str) -> dict[str, float] | None:
     return {name: values[name] for name in HEARTBEAT}
 
 
+# What the ML node's VLLMRunner starts: its own flags, the node's model config, the worker extension last.
+def runner_args(model_dir: Path, port: int, *config: str) -> list[str]:
+    return ["--model", str(model_dir), "--dtype", "float16", "--port", str(port), "--host", "0.0.0.0",
+            "--enable-prompt-tokens-details", *config, "--worker-extension-cls", "gonka_poc.worker.PoCWorkerExtension"]
+
+
+# The network's Qwen3-235B config (gonka deploy/join/node-config.json), with the two values a 2-core CPU host needs:
+# one rank, and a fifth of RAM for the KV cache instead of 88% (vLLM's CPU engine takes it from RAM).
+QWEN235B_CONFIG = ["--scheduling-policy", "priority", "--max-num-batched-tokens", "32768", "--tensor-parallel-size",
+                   "1", "--max-model-len", "240000", "--gpu-memory-utilization", "0.2"]
+# A small node config for the instances run side by side on 2 cores.
+SMALL_CONFIG = ["--served-model-name", "tiny", "--max-model-len", "1024", "--max-num-seqs", "16",
+                "--gpu-memory-utilization", "0.1", "--enforce-eager", "--tensor-parallel-size", "1",
+                "--enable-prefix-caching", "--disable-log-stats"]
+
+
 class MlNodeInstance:
     """One inference server as the ML node's VLLMRunner starts it."""
 
-    def __init__(self, model_dir: Path, port: int, state_root: Path, log_path: Path, *extra: str,
+    def __init__(self, args: list[str], port: int, state_root: Path, log_path: Path, *,
                  env: dict[str, str] | None = None) -> None:
-        self.port, self.state_root, self.log_path = port, state_root, log_path
-        self.args = ["--model", str(model_dir), "--dtype", "auto", "--port", str(port), "--host", "0.0.0.0",
-                     # The node's model config (small for 2 cores), then the flag the runner always appends.
-                     "--served-model-name", "tiny", "--max-model-len", "1024", "--max-num-seqs", "16",
-                     "--gpu-memory-utilization", "0.1", "--enforce-eager", "--tensor-parallel-size", "1",
-                     "--enable-prefix-caching", "--disable-log-stats", *extra,
-                     "--worker-extension-cls", "gonka_poc.worker.PoCWorkerExtension"]
+        self.port, self.state_root, self.log_path, self.args = port, state_root, log_path, args
+        self.model = args[args.index("--served-model-name") + 1] if "--served-model-name" in args else \
+            args[args.index("--model") + 1]
         command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "pocserve.api_server", *self.args])
         self.env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "POCSERVE_STATE_ROOT": str(state_root), **(env or {})}
         with open(log_path, "ab") as log:
@@ -122,14 +134,15 @@ def iterations(base_url: str) -> float:
     return -1.0 if beat is None else beat["vllm:iteration_tokens_total_count"]
 
 
-def chat(base_url: str) -> httpx.Response:
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}
-    return httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=60)
+def chat(inst: MlNodeInstance, content: str = "Hello", **fields) -> httpx.Response:
+    body = {"model": inst.model, "messages": [{"role": "user", "content": content}], "max_tokens": 8, **fields}
+    return httpx.post(f"{inst.base_url}/v1/chat/completions", json=body, timeout=60)
 
 
-def init_round(pow_url: str, url: str, **fields) -> None:
-    body = {**node(block_hash="ML_NODE_ROUND"), "batch_size": 4, "params": params(32), "url": url, **fields}
-    r = httpx.post(f"{pow_url}/init/generate", json=body, timeout=60)
+def init_round(inst: MlNodeInstance, url: str, **fields) -> None:
+    body = {**node(block_hash="ML_NODE_ROUND"), "batch_size": 4, "params": params(32, model=inst.model), "url": url,
+            **fields}
+    r = httpx.post(f"{inst.pow}/init/generate", json=body, timeout=60)
     assert r.status_code == 200, r.text
 
 
@@ -140,8 +153,9 @@ def mined_nonces(receiver: Receiver) -> set[int]:
 @pytest.fixture(scope="module")
 def instance(model_dir, tmp_path_factory):
     work = tmp_path_factory.mktemp("api-server")
-    inst = MlNodeInstance(model_dir, free_port(), work / "state", work / "instance.log",
-                          env={"POC_CALLBACK_INTERVAL_SEC": "0.5"})  # the operator's POC_* reach the backend
+    port = free_port()
+    inst = MlNodeInstance(runner_args(model_dir, port, *QWEN235B_CONFIG), port, work / "state",
+                          work / "instance.log", env={"POC_CALLBACK_INTERVAL_SEC": "0.5"})  # POC_* reach the backend
     try:
         inst.wait_ready()
         yield inst
@@ -150,17 +164,56 @@ def instance(model_dir, tmp_path_factory):
 
 
 @pytest.mark.slow
+def test_api_server_takes_the_networks_launch_and_calls(instance, stack):
+    """The runner's exact command line with a network config, then what dapi and the ML node send."""
+    log = instance.log_path.read_text(errors="replace")
+    assert "dtype_overridden" in log and "worker_extension_cls_overridden" in log
+    models = httpx.get(f"{instance.base_url}/v1/models", timeout=10).json()
+    assert [m["id"] for m in models["data"]] == [instance.model] and models["data"][0]["max_model_len"] == 240000
+
+    # --dtype float16 runs the checkpoint's dtype, as the fork: the artifacts are the shared (dtype auto) stack's.
+    nonces = [0, 1, 2, 3, 4, 5, 6, 7]
+    assert artifacts_of(instance.pow, nonces, params=params(32, model=instance.model)) == \
+        artifacts_of(f"{stack.base_url}/api/v1/pow", nonces)
+
+    # Chat under --scheduling-policy priority takes a priority; usage has the cached prompt tokens.
+    prompt = "The network replays paid inferences token by token. " * 12
+    first, second = (chat(instance, prompt, priority=1) for _ in range(2))
+    assert first.status_code == 200 == second.status_code, first.text
+    details = [r.json()["usage"]["prompt_tokens_details"] for r in (first, second)]
+    assert details[0]["cached_tokens"] == 0 < details[1]["cached_tokens"], details
+
+    # A round as dapi starts it for a node numbered above the node count, fanned out by the ML node into groups.
+    receiver = Receiver()
+    try:
+        init_round(instance, receiver.url, node_id=3, node_count=2, group_id=1, n_groups=2)
+        wait_until(lambda: len(mined_nonces(receiver)) >= 8, timeout_s=120, what="mined artifacts delivered")
+        assert status(instance.pow)["status"] == "GENERATING"
+        # The fork's NonceIterator: node_id + group_id * node_count + k * n_groups * node_count.
+        assert {n % 4 for n in mined_nonces(receiver)} == {1} and min(mined_nonces(receiver)) >= 5
+        # A validator numbered above the node count recomputes a nonce meanwhile.
+        r = generate(instance.pow, [5, 9], params=params(32, model=instance.model),
+                     **node(block_hash="ML_NODE_ROUND", node_id=7, node_count=2))
+        assert r.status_code == 200 and r.json()["status"] == "completed", r.text
+        stop(instance.pow)
+        assert status(instance.pow)["status"] != "GENERATING"
+    finally:
+        receiver.close()
+    assert chat(instance).status_code == 200
+
+
+@pytest.mark.slow
 def test_api_server_serves_mines_and_stops_on_sigint_as_the_ml_node_expects(instance, receiver):
     # Chat and a blocking /generate, as the network's clients send them.
-    r = chat(instance.base_url)
+    r = chat(instance)
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"]
-    r = generate(instance.pow, [0, 1, 2, 3])
+    r = generate(instance.pow, [0, 1, 2, 3], params=params(32, model=instance.model))
     assert r.status_code == 200 and r.json()["status"] == "completed" and len(r.json()["artifacts"]) == 4, r.text
 
     # A mining round: callbacks arrive, and the heartbeat counter moves with no request running (PoC forwards
     # count as iterations), so the ML node never takes a long round for a hang.
-    init_round(instance.pow, receiver.url)
+    init_round(instance, receiver.url)
     wait_until(lambda: len(mined_nonces(receiver)) >= 8, timeout_s=120, what="mined artifacts delivered")
     beat = heartbeat(instance.base_url)
     assert beat is not None and beat["vllm:num_requests_running"] == 0 == beat["vllm:num_requests_waiting"]
@@ -172,7 +225,7 @@ def test_api_server_serves_mines_and_stops_on_sigint_as_the_ml_node_expects(inst
     receiver.status = 500
     num_failed = receiver.num_failed
     wait_until(lambda: receiver.num_failed > num_failed, timeout_s=60, what="a refused callback")
-    r = generate(instance.pow, list(range(1000, 6000)), wait=False)
+    r = generate(instance.pow, list(range(1000, 6000)), wait=False, params=params(32, model=instance.model))
     assert r.status_code == 200 and r.json()["status"] == "queued", r.text
     job_id = r.json()["request_id"]
     assert status(instance.pow)["status"] == "GENERATING"
@@ -220,9 +273,13 @@ def test_api_server_bad_input_one_line_naming_it(model_dir, tmp_path):
     assert code == 2 and lines[-1] == "pocserve.api_server: unrecognized arguments: --no-such-flag", lines
     assert len([line for line in lines if line.startswith("pocserve")]) == 1
 
+    # A server flag pocserve cannot honour, and an engine flag value the backend refuses: both before any start.
     code, lines, _ = _run_bad(["--model", str(model_dir), "--port", str(free_port()), *env_free,
-                               "--enable-expert-parallel"])
-    assert code == 2 and lines[-1].startswith("pocserve.api_server: --enable-expert-parallel: "), lines
+                               "--ssl-keyfile", "k.pem"])
+    assert code == 2 and lines[-1].startswith("pocserve.api_server: --ssl-keyfile: "), lines
+    code, lines, _ = _run_bad(["--model", str(model_dir), "--port", str(free_port()), *env_free,
+                               "--data-parallel-size", "2"])
+    assert code == 2 and lines[-1].startswith("pocserve.api_server: --data-parallel-size: "), lines
 
 
 @pytest.mark.slow
@@ -234,15 +291,15 @@ def test_api_server_two_instances_side_by_side_mine_disjoint_nonces(model_dir, t
     while not _is_free(port + 1):
         port = free_port()
     receivers = [Receiver(), Receiver()]
-    instances = [MlNodeInstance(model_dir, port + i, tmp_path / "state", tmp_path / f"instance{i}.log")
-                 for i in range(2)]
+    instances = [MlNodeInstance(runner_args(model_dir, port + i, *SMALL_CONFIG), port + i, tmp_path / "state",
+                                tmp_path / f"instance{i}.log") for i in range(2)]
     try:
         for inst in instances:
             inst.wait_ready()
         for inst in instances:
-            assert chat(inst.base_url).status_code == 200
+            assert chat(inst).status_code == 200
         for group_id, (inst, receiver) in enumerate(zip(instances, receivers, strict=True)):
-            init_round(inst.pow, receiver.url, group_id=group_id, n_groups=2)
+            init_round(inst, receiver.url, group_id=group_id, n_groups=2)
         for receiver in receivers:
             wait_until(lambda r=receiver: len(mined_nonces(r)) >= 8, timeout_s=180, what="both groups mining")
         for inst in instances:
@@ -256,7 +313,7 @@ def test_api_server_two_instances_side_by_side_mine_disjoint_nonces(model_dir, t
         backend = next(p for p in instances[1].descendants() if p.name() == "pocserve-backend")
         backend.kill()
         assert instances[1].proc.wait(30) != 0
-        assert chat(instances[0].base_url).status_code == 200
+        assert chat(instances[0]).status_code == 200
         assert instances[0].sigint_group() < ML_NODE_TERMINATION_S and instances[0].proc.returncode == 0
     finally:
         for inst in instances:
