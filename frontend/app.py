@@ -111,6 +111,8 @@ def create_app(settings: FrontendSettings) -> FastAPI:
             await client.close()
 
     app = FastAPI(title="pocserve", version="0.1.0", lifespan=lifespan)
+    # Set here, not in the lifespan: the routes read it, and tests and benches drive the app without one.
+    app.state.is_prompt_details = settings.enable_prompt_tokens_details
     install_error_handlers(app)
     install_openapi(app)
     # The OpenAI routes take vLLM's --api-key (as vLLM does, every /v1 route); the PoC routes have their own token.

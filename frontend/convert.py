@@ -141,14 +141,18 @@ class TokenFormat:
                 "text_offset": offsets}
 
 
-def usage(num_prompt_tokens: int, num_completion_tokens: int) -> dict:
-    return {"prompt_tokens": num_prompt_tokens, "completion_tokens": num_completion_tokens,
-            "total_tokens": num_prompt_tokens + num_completion_tokens}
+def usage(num_prompt_tokens: int, num_completion_tokens: int, prompt_details: dict | None = None) -> dict:
+    """`prompt_details`: usage.prompt_tokens_details, left out when None (vllm serve's null)."""
+    result: dict = {"prompt_tokens": num_prompt_tokens, "completion_tokens": num_completion_tokens,
+                    "total_tokens": num_prompt_tokens + num_completion_tokens}
+    if prompt_details is not None:
+        result["prompt_tokens_details"] = prompt_details
+    return result
 
 
-def choices_usage(choices: list[Delta]) -> dict:
+def choices_usage(choices: list[Delta], prompt_details: dict | None = None) -> dict:
     """Usage of a whole request: its prompt once, the tokens of every choice."""
-    return usage(choices[0].num_prompt_tokens, sum(d.num_generated_tokens for d in choices))
+    return usage(choices[0].num_prompt_tokens, sum(d.num_generated_tokens for d in choices), prompt_details)
 
 
 def merge(deltas: list[Delta]) -> Delta:
@@ -165,7 +169,8 @@ def merge(deltas: list[Delta]) -> Delta:
                  token_ids=[t for d in deltas for t in d.token_ids], logprobs=logprobs,
                  finish_reason=last.finish_reason, stop_reason=last.stop_reason,
                  num_prompt_tokens=last.num_prompt_tokens, num_generated_tokens=last.num_generated_tokens,
-                 index=last.index, reasoning=reasoning, tool_calls=calls or None)
+                 index=last.index, reasoning=reasoning, tool_calls=calls or None,
+                 num_cached_tokens=last.num_cached_tokens, num_cache_creation_tokens=last.num_cache_creation_tokens)
 
 
 def merge_choices(deltas: list[Delta]) -> list[Delta]:

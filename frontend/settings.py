@@ -32,6 +32,9 @@ class FrontendSettings:
     logprob_token_format: str = setting("POCSERVE_LOGPROB_TOKEN_FORMAT", "ids",
                                         "logprob token strings: ids (the Gonka network's format) or text (OpenAI's)",
                                         choices=("ids", "text"))
+    enable_prompt_tokens_details: bool = setting(
+        "POCSERVE_ENABLE_PROMPT_TOKENS_DETAILS", False,
+        "show usage.prompt_tokens_details.cached_tokens, the prompt's prefix-cache hits (vLLM's flag of that name)")
     api_key: str = setting("POCSERVE_API_KEY", "",
                            "bearer token required on /v1/* (vLLM's --api-key; empty: no token needed)", secret=True)
     pow_api_token: str = setting("POCSERVE_POW_API_TOKEN", "",

@@ -4,6 +4,11 @@ completions); both take wire Deltas, one per choice (`index`) and step.
 Tool calls and reasoning arrive parsed (the backend runs vLLM's parsers): a chat message gets `tool_calls`
 (content null when the choice only called tools, as OpenAI) and, when a reasoning parser is set, the reasoning under
 both the names vllm serve has used (`reasoning_content`, `reasoning`).
+
+usage.prompt_tokens_details (with --enable-prompt-tokens-details) is vllm serve's: in a whole response and in the
+closing usage chunk of a stream, never in continuous usage chunks; counted from the engine output a stream began
+with, or the one a whole response ended with (vllm/entrypoints/openai/chat_completion/serving.py and
+completion/serving.py, 0.26 and 0.29 alike).
 """
 
 from __future__ import annotations
@@ -40,12 +45,14 @@ class Shape:
     route = ""
     chunk_object = ""
 
-    def __init__(self, kind: str, model: str, fmt: TokenFormat, *, is_continuous_usage: bool = False) -> None:
+    def __init__(self, kind: str, model: str, fmt: TokenFormat, *, is_continuous_usage: bool = False,
+                 is_prompt_details: bool = False) -> None:
         self.id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
         self.fmt = fmt
         self.is_continuous_usage = is_continuous_usage
+        self.is_prompt_details = is_prompt_details
 
     def envelope(self, obj: str, choices: list[dict], **extra: Any) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices,
@@ -59,18 +66,38 @@ class Shape:
         return self.envelope(self.chunk_object, [choice],
                              usage=convert.usage(prompt, d.num_generated_tokens if d is not None else 0))
 
-    def usage_chunk(self, last: dict[int, Delta]) -> dict:
-        """The closing chunk of stream_options.include_usage: every choice's tokens."""
-        return self.envelope(self.chunk_object, [], usage=convert.choices_usage(list(last.values())))
+    def usage_chunk(self, last: dict[int, Delta], first: Delta | None = None) -> dict:
+        """The closing chunk of stream_options.include_usage: every choice's tokens; the prompt's cached tokens as
+        the stream's `first` delta counted them."""
+        details = self.prompt_details(first, is_whole=False) if first is not None else None
+        return self.envelope(self.chunk_object, [], usage=convert.choices_usage(list(last.values()), details))
+
+    def prompt_details(self, d: Delta, *, is_whole: bool) -> dict | None:
+        """usage.prompt_tokens_details from the counts `d` carries; None when off or not sent."""
+        if not self.is_prompt_details or d.num_cached_tokens is None:
+            return None
+        details = self._details(d)
+        # vLLM dumps a whole response with its null fields, the closing stream chunk without them.
+        return details if is_whole else {k: v for k, v in details.items() if v is not None}
+
+    def _details(self, d: Delta) -> dict:
+        raise NotImplementedError
 
 
 class ChatShape(Shape):
     route = "chat"
     chunk_object = "chat.completion.chunk"
 
-    def response(self, choices: list[Delta]) -> dict:
+    def response(self, choices: list[Delta], last: Delta | None = None) -> dict:
+        """`last`: the request's last delta (its cached-token counts are the final engine output's)."""
+        details = self.prompt_details(last, is_whole=True) if last is not None else None
         return self.envelope("chat.completion", [self._choice(d) for d in choices],
-                             usage=convert.choices_usage(choices))
+                             usage=convert.choices_usage(choices, details))
+
+    def _details(self, d: Delta) -> dict:
+        # vLLM's chat adds the tokens this request wrote to the prefix cache (its completions do not).
+        return {"cached_tokens": d.num_cached_tokens, "created_cache_tokens": d.num_cache_creation_tokens,
+                "multimodal_tokens": None}
 
     def _choice(self, d: Delta) -> dict:
         logprobs = {"content": self.fmt.chat_logprobs(d.logprobs)} if d.logprobs is not None else None
@@ -110,14 +137,21 @@ class CompletionShape(Shape):
     route = "completions"
     chunk_object = "text_completion"
 
-    def __init__(self, kind: str, model: str, fmt: TokenFormat, *, is_continuous_usage: bool = False) -> None:
-        super().__init__(kind, model, fmt, is_continuous_usage=is_continuous_usage)
+    def __init__(self, kind: str, model: str, fmt: TokenFormat, *, is_continuous_usage: bool = False,
+                 is_prompt_details: bool = False) -> None:
+        super().__init__(kind, model, fmt, is_continuous_usage=is_continuous_usage,
+                         is_prompt_details=is_prompt_details)
         # Characters streamed so far per choice: logprobs text_offset continues from here.
         self._offsets: dict[int, int] = {}
 
-    def response(self, choices: list[Delta]) -> dict:
+    def response(self, choices: list[Delta], last: Delta | None = None) -> dict:
+        """`last`: the request's last delta (its cached-token counts are the final engine output's)."""
+        details = self.prompt_details(last, is_whole=True) if last is not None else None
         return self.envelope("text_completion", [self._choice(d, 0) for d in choices],
-                             usage=convert.choices_usage(choices))
+                             usage=convert.choices_usage(choices, details))
+
+    def _details(self, d: Delta) -> dict:
+        return {"cached_tokens": d.num_cached_tokens, "created_cache_tokens": None, "multimodal_tokens": None}
 
     def preamble(self, n: int, num_prompt_tokens: int) -> list[dict]:
         return []

@@ -158,6 +158,11 @@ class Delta(msgspec.Struct, kw_only=True):
     reasoning: str | None = None
     # Tool calls the tool parser found; None: none in this delta.
     tool_calls: list[ToolCallDelta] | None = None
+    # vLLM's RequestOutput counts of the engine output this delta came from: prompt tokens found in the prefix
+    # cache, and prompt tokens this request added to it. The frontend shows them as usage.prompt_tokens_details
+    # when --enable-prompt-tokens-details is on. None: a backend that does not send them.
+    num_cached_tokens: int | None = None
+    num_cache_creation_tokens: int | None = None
 
 
 class DeltasEvent(msgspec.Struct, tag="deltas", kw_only=True):

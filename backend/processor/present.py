@@ -93,6 +93,10 @@ class Presenter:
             for comp in out.outputs:
                 delta = self._delta(route, comp)
                 if delta is not None:
+                    # Per engine output, as vllm serve reads them (its first output when streaming, its last one
+                    # otherwise): the frontend picks the same one.
+                    delta.num_cached_tokens = out.num_cached_tokens
+                    delta.num_cache_creation_tokens = out.num_cache_creation_tokens
                     by_frontend[route.identity].append(delta)
             if out.finished:
                 self._drop(out.request_id)

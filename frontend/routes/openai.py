@@ -118,8 +118,9 @@ async def _generate(request: Request, body: ChatCompletionRequest | CompletionRe
         gen = convert.completion_request(client.new_rid(), body)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     if not gen.stream:
+        deltas = await _collect(request, gen)
         # Encoded here, by msgspec: the body is plain data, FastAPI's encoder pass and json.dumps only cost time.
-        return Response(msgspec.json.encode(shape.response(convert.merge_choices(await _collect(request, gen)))),
+        return Response(msgspec.json.encode(shape.response(convert.merge_choices(deltas), deltas[-1])),
                         media_type="application/json")
     started = time.monotonic()
     rest = client.generate(gen)
@@ -136,7 +137,7 @@ async def _generate(request: Request, body: ChatCompletionRequest | CompletionRe
                     yield sse.event(chunk)
                 last[d.index] = d
             if include_usage:
-                yield sse.event(shape.usage_chunk(last))
+                yield sse.event(shape.usage_chunk(last, first))
             yield sse.DONE
         except (BackendUnavailable, BackendRequestError) as e:
             yield _error_event(e)
@@ -164,12 +165,14 @@ async def list_models(request: Request) -> dict:
 @router.post("/v1/chat/completions", responses={**SSE, **errors(400, 404, 413, 503)})
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     shape = ChatShape("chat", body.model, request.app.state.token_format,
-                      is_continuous_usage=_continuous_usage(body))
+                      is_continuous_usage=_continuous_usage(body),
+                      is_prompt_details=request.app.state.is_prompt_details)
     return await _generate(request, body, shape)
 
 
 @router.post("/v1/completions", responses={**SSE, **errors(400, 404, 413, 503)})
 async def completions(body: CompletionRequest, request: Request):
     shape = CompletionShape("completions", body.model, request.app.state.token_format,
-                            is_continuous_usage=_continuous_usage(body))
+                            is_continuous_usage=_continuous_usage(body),
+                            is_prompt_details=request.app.state.is_prompt_details)
     return await _generate(request, body, shape)

@@ -137,7 +137,8 @@ def _delta() -> Delta:
         rid="r-1", text="Hi", token_ids=[9],
         logprobs=[TokenLogprob(token_id=9, token="Hi", logprob=-0.5, rank=1, top=top)],
         finish_reason="stop", stop_reason="</s>", num_prompt_tokens=12, num_generated_tokens=1, index=1,
-        reasoning="Hmm", tool_calls=[ToolCallDelta(index=0, id="call-1", name="f", arguments='{"x": 1}')])
+        reasoning="Hmm", tool_calls=[ToolCallDelta(index=0, id="call-1", name="f", arguments='{"x": 1}')],
+        num_cached_tokens=16, num_cache_creation_tokens=32)
 
 
 def _messages() -> list[ChatMessage]:
