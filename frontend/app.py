@@ -12,7 +12,7 @@ from frontend.convert import TokenFormat
 from frontend.errors import error_response, install_error_handlers
 from frontend.metrics import FrontendMetrics
 from frontend.openapi import install_openapi
-from frontend.routes import health, openai, tokenize
+from frontend.routes import health, openai, responses, tokenize
 from frontend.routes.pow import bearer_guard, make_pow_router
 from frontend.settings import FrontendSettings
 
@@ -117,6 +117,7 @@ def create_app(settings: FrontendSettings) -> FastAPI:
     install_openapi(app)
     # The OpenAI routes take vLLM's --api-key (as vLLM does, every /v1 route); the PoC routes have their own token.
     app.include_router(openai.router, dependencies=bearer_guard(settings.api_key, "/v1"))
+    app.include_router(responses.router, dependencies=bearer_guard(settings.api_key, "/v1"))
     app.include_router(tokenize.router)
     app.include_router(health.router)
     app.include_router(make_pow_router(settings))

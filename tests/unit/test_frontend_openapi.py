@@ -31,7 +31,7 @@ def test_openapi_has_no_422_and_no_fastapi_validation_schemas(schema):
 
 def test_openapi_every_body_route_documents_400_and_413_with_the_error_body(schema):
     with_body = [(label, op) for label, op in _operations(schema) if "requestBody" in op]
-    assert len(with_body) == 6, [label for label, _ in with_body]
+    assert len(with_body) == 7, [label for label, _ in with_body]
     for label, op in with_body:
         for status in ("400", "413"):
             media = op["responses"][status]["content"]["application/json"]
@@ -45,7 +45,7 @@ def test_openapi_error_body_schema_matches_what_the_api_sends(schema):
     assert set(body["error"]) == set(detail["properties"]) == set(detail["required"])
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/responses"])
 def test_openapi_streaming_routes_document_sse(schema, path):
     content = schema["paths"][path]["post"]["responses"]["200"]["content"]
     assert set(content) == {"application/json", "text/event-stream"}
