@@ -63,7 +63,7 @@ def chat_request(rid: str, body: ChatCompletionRequest) -> GenerateRequest:
         rid=rid, sampling=spec, messages=messages(body.messages), stream=body.stream, tools=tools(body.tools),
         tool_choice=None if isinstance(choice, NamedToolChoice) else choice,
         named_tool=choice.function.name if isinstance(choice, NamedToolChoice) else None,
-        parallel_tool_calls=body.parallel_tool_calls is not False)
+        parallel_tool_calls=body.parallel_tool_calls is not False, priority=body.priority)
 
 
 def messages(body_messages: list[Message]) -> list[ChatMessage]:
@@ -105,7 +105,8 @@ def detokenize_request(rid: str, body: DetokenizeRequest) -> tokenize.Detokenize
 def completion_request(rid: str, body: CompletionRequest) -> GenerateRequest:
     spec = _spec(body, body.max_tokens, body.logprobs)
     # The model's validator turns a one-element prompt list into its string.
-    return GenerateRequest(rid=rid, sampling=spec, prompt=cast(str, body.prompt), stream=body.stream)
+    return GenerateRequest(rid=rid, sampling=spec, prompt=cast(str, body.prompt), stream=body.stream,
+                           priority=body.priority)
 
 
 class TokenFormat:

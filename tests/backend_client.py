@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 
 import zmq
 
@@ -26,12 +27,18 @@ class RawBackend:
     def send(self, msg) -> None:
         self.sock.send(self.codec.encode(msg))
 
-    def wait_for(self, rid: str, timeout_s: float = 120.0):
+    def wait_for(self, rid: str, timeout_s: float = 120.0, watch: Callable[[], None] | None = None):
+        """The reply to `rid`; `watch` is called every second meanwhile and raises to give up early (a backend
+        that died or stopped making progress: Proc.check)."""
         deadline = time.monotonic() + timeout_s
         while rid not in self._pending:
             left = deadline - time.monotonic()
-            if left <= 0 or not self.sock.poll(int(left * 1000) + 1):
+            if left <= 0:
                 raise TimeoutError(f"no reply for {rid}")
+            if not self.sock.poll(int(min(left, 1.0) * 1000) + 1):
+                if watch is not None:
+                    watch()
+                continue
             msg = self.codec.decode(self.sock.recv())
             if hasattr(msg, "rid"):
                 self._pending[msg.rid] = msg

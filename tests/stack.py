@@ -44,6 +44,21 @@ class Proc:
                                      stderr=subprocess.STDOUT, start_new_session=True)
         return self
 
+    def check(self, stall_s: float) -> None:
+        """Raises, with the log's tail, if the process has exited or its log has not grown for `stall_s` (a
+        stack dump of a stalled process is added where py-spy is installed). For waits that would otherwise
+        only end at their timeout."""
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"{self.args[1]} exited {self.proc.returncode}:\n{self.tail()}")
+        size = self.log_path.stat().st_size if self.log_path.exists() else 0
+        now = time.monotonic()
+        if size != getattr(self, "_log_size", None):
+            self._log_size, self._log_grew_at = size, now
+        elif now - self._log_grew_at > stall_s:
+            raise TimeoutError(f"{self.args[1]}: no log line for {stall_s:g} s and no reply:\n{self.tail()}"
+                               f"{py_spy_dump(self.proc.pid)}")
+
     def tail(self, n: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
@@ -76,6 +91,21 @@ def backend_args(model_dir: Path, address: str, *extra: str) -> list[str]:
 
 def frontend_args(address: str, port: int, *extra: str) -> list[str]:
     return ["-m", "frontend", "--backend-address", address, "--port", str(port), *extra]
+
+
+def py_spy_dump(pid: int) -> str:
+    """Every thread's Python stack of `pid` and its children (py-spy), or "" where py-spy is missing."""
+    import shutil
+
+    spy = shutil.which("py-spy")
+    if spy is None:
+        return ""
+    try:
+        out = subprocess.run([spy, "dump", "--subprocesses", "--pid", str(pid)], capture_output=True, text=True,
+                             timeout=60)
+    except subprocess.TimeoutExpired:
+        return "\npy-spy dump timed out"
+    return f"\npy-spy dump:\n{out.stdout}{out.stderr}"
 
 
 def wait_healthy(base_url: str, *procs: Proc, timeout_s: float = 180.0) -> None:

@@ -34,6 +34,9 @@ def test_gpu_artifacts_match_cpu_engine(stack, case, record_property):
 # Golden files of larger shapes (tests/gpu/make_cpu_golden.py --shape S --num-layers N): the model is generated
 # here from the same seed and served by its own backend.
 LARGE = sorted(Path(__file__).parent.glob("cpu_artifacts_*-*l.json"))
+# A start logs a line at least every few seconds (weights, profile, KV cache), a forward of these shapes takes
+# well under a second: two silent minutes is a stalled backend.
+STALL_S = 120.0
 
 
 @pytest.fixture(scope="module", params=LARGE, ids=lambda p: p.stem.removeprefix("cpu_artifacts_"))
@@ -47,9 +50,10 @@ def large(request, tmp_path_factory):
     address = f"ipc://{tmp}/b.ipc"
     backend = Proc(backend_args(model, address, "--gpu-memory-utilization", "0.6"), tmp / "backend.log").start()
     raw = RawBackend(address)
-    yield golden, raw
+    yield golden, raw, backend
     raw.close()
     backend.stop()
+    print(f"{golden['shape']} {golden['num_layers']}l backend log (tail):\n{backend.tail(30)}")
 
 
 def test_large_shape_artifacts_match_cpu_engine(large, record_property):
@@ -57,10 +61,12 @@ def test_large_shape_artifacts_match_cpu_engine(large, record_property):
     GPU prover. A MoE nonce whose router scores nearly tie can take another expert on the other device and jump
     (docs/decisions.md, "MoE near-tie routing"), so the spec's code default of 0.02 is not asserted per nonce."""
     from bench.topologies import compare
-    golden, raw = large
+    golden, raw, backend = large
     for case in golden["cases"]:
+        # A backend that dies or goes quiet (no log line for STALL_S) fails now, with its log and stacks.
         reply = raw.wait_for(raw.submit_artifacts(case["nonces"], seq_len=case["seq_len"],
-                                                  stronger_rng=case["stronger_rng"]), timeout_s=900)
+                                                  stronger_rng=case["stronger_rng"]), timeout_s=900,
+                             watch=lambda: backend.check(STALL_S))
         assert reply.error is None, reply.error
         got = {a.nonce: a.vector_b64 for a in reply.artifacts}
         result = compare(got, {int(n): v for n, v in case["artifacts"].items()})

@@ -122,3 +122,14 @@ def test_what_cannot_be_honoured_is_one_line_naming_it(argv, environ, names):
     assert "\n" not in str(info.value)
     for name in names:
         assert name in str(info.value)
+
+
+def test_absent_max_num_seqs_is_what_vllm_serve_picks_on_this_device(model_dir):
+    from vllm.engine.arg_utils import EngineArgs
+
+    from backend.engine.args import USAGE_CONTEXT, engine_args
+
+    ours = engine_args(load_settings(["--model", str(model_dir), "--max-model-len", "1024"], {}))
+    vllm_serve = EngineArgs(model=str(model_dir), max_model_len=1024)
+    picked = [a.create_engine_config(USAGE_CONTEXT).scheduler_config.max_num_seqs for a in (ours, vllm_serve)]
+    assert picked[0] == picked[1], picked
