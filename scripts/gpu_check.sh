@@ -17,6 +17,8 @@
 #   bash scripts/gpu_check.sh poc-parts N Q   # the qwen3-235b-a22b shape at N layers, Q none|fp8: PoC vs bare at
 #                                             # B=32 and 64 with each stage's time and profiler tables
 #   bash scripts/gpu_check.sh moe-golden      # the 235B slice's artifacts vs the CPU engine's golden file
+#   bash scripts/gpu_check.sh launch          # the ML node's command line with a network config on this GPU
+#                                             # (bench.network_launch; LAUNCH="SHAPE LAYERS QUANT CONFIG")
 #   bash scripts/gpu_check.sh topologies P L  # several GPUs: artifacts on tp1, tp2, pp2 (and tp4, tp2xpp2 on 4+),
 #                                             # every pair's L2 and verdicts, nonces/s. Parts P, each one device
 #                                             # call's worth on 2 GPUs: dense (the 0.6B shape), moe-bf16 and
@@ -30,7 +32,7 @@ out=${OUT:-gpu-out}
 mkdir -p "$out"
 bash .stage/p1/install.sh
 [ -d .stage/extra ] && python3 -m pip install -q --no-index --no-deps --target /tmp/site .stage/extra/*.whl 2>&1 | grep -v "already exists" || true
-export PYTHONPATH=/tmp/site:$PWD
+export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH  # py-spy, where staged in .stage/extra
 # These machines set PYTHONDONTWRITEBYTECODE=1, so every process compiled vLLM's and torch's sources again on
 # import: 21-24 s of a 35 s start (a node's image has them compiled). The first process here writes them.
 unset PYTHONDONTWRITEBYTECODE
@@ -60,13 +62,28 @@ bench_beside() {
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 case "${1:-tests}" in
-  tests)
-    python3 -m pytest -q -p no:cacheprovider -o addopts="" -W ignore::pytest.PytestConfigWarning \
-      tests/gpu tests/unit/test_engine_compat.py tests/unit/test_poc_cuda.py tests/integration/test_openai_api.py tests/integration/test_poc_artifacts.py \
-      tests/integration/test_validation_replay.py tests/integration/test_logprobs_mode.py \
-      tests/integration/test_grammar_degradation.py tests/integration/test_pow_api.py \
-      tests/integration/test_pow_mining.py tests/integration/test_resilience.py -s \
-      --junitxml "$out/gpu-tests.xml" 2>&1 | tee "$out/gpu-tests.txt" | grep -vE "^(INFO|WARNING|DEBUG)"
+  tests)  # one device call: SIGINT at ${SUITE_S:-510} s makes pytest stop and still print its summary line
+    started=$(date +%s)
+    rc=0
+    timeout --signal=INT "${SUITE_S:-510}" python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+      -W ignore::pytest.PytestConfigWarning --durations=15 \
+      tests/gpu tests/unit/test_engine_compat.py tests/unit/test_poc_cuda.py tests/integration/test_openai_api.py \
+      tests/integration/test_poc_artifacts.py tests/integration/test_validation_replay.py \
+      tests/integration/test_logprobs_mode.py tests/integration/test_grammar_degradation.py \
+      tests/integration/test_pow_api.py tests/integration/test_pow_mining.py tests/integration/test_resilience.py -s \
+      --junitxml "$out/gpu-tests.xml" > "$out/gpu-tests.txt" 2>&1 || rc=$?
+    grep -vE "^(INFO|WARNING|DEBUG)|^\(EngineCore" "$out/gpu-tests.txt" | tail -150
+    echo "gpu suite: exit $rc in $(( $(date +%s) - started )) s"
+    exit "$rc"
+    ;;
+  launch)  # the network's launch on this GPU: LAUNCH="SHAPE LAYERS QUANT CONFIG" (default: the 235B shape at
+           # 2 layers, block-FP8, the release-candidate config) through bench.network_launch
+    read -r shape layers quant config <<< "${LAUNCH:-qwen3-235b-a22b 2 fp8 release-candidate}"
+    dir=models/$shape-${layers}l-$quant
+    python3 -m backend.tools.modelgen --out "$dir" --shape "$shape" --num-layers "$layers" \
+      $([ "$quant" = fp8 ] && echo --quant fp8) 2>&1 | tail -1
+    python3 -m bench.network_launch --model-dir "$dir" --config "$config" --log "$out/launch.log" \
+      --json "$out/launch.json" 2>&1 | quiet | tail -60
     ;;
   bench-poc)
     python3 -m bench.poc_forward --shape qwen3-0.6b --seq-lens 256 1024 --batches 32 64 --iters 10 \
