@@ -21,6 +21,7 @@ from pathlib import Path
 import structlog
 import zmq
 
+from backend import fork_env
 from backend.engine import compat
 from backend.pow.store import StoreError, open_store
 from backend.settings import BackendSettings, load_settings
@@ -199,6 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     except SettingsError as e:
         sys.exit(_refuse(e))
     configure_logging(settings.log_format, settings.log_level)
+    fork_env.warn_if_set(os.environ)  # the fork's variables that do nothing here (README: "The fork's variables")
     for flag, note in settings.vllm.notes:  # e.g. dtype_overridden: the fork's dtype rule
         log.warning(flag.removeprefix("--").replace("-", "_") + "_overridden", note=note)
     try:

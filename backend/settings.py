@@ -69,11 +69,20 @@ class BackendSettings:
     batch_size_default: int = setting("POC_BATCH_SIZE_DEFAULT", 32, "PoC nonces per batch when a request omits it")
     max_queued_nonces: int = setting("POC_MAX_QUEUED_NONCES", 100000, "cap on nonces in queued /generate jobs")
     result_ttl_s: float = setting("POC_GENERATE_RESULT_TTL_SEC", 300.0, "how long finished job results are kept")
+    generate_chunk_timeout_s: float = setting(
+        "POC_GENERATE_CHUNK_TIMEOUT_SEC", 60.0,
+        "a /generate job whose next chunk (batch_size nonces) waits this long for the engine without progress "
+        "fails (queued: 'Timeout waiting for engine: chunk i'; wait=true: 503 'Timeout after ...s'); mining is not "
+        "affected")
     callback_interval_s: float = setting("POC_CALLBACK_INTERVAL_SEC", 5.0, "streamed /generated batching interval")
     callback_max_retries: int = setting("POC_CALLBACK_MAX_RETRIES", 10, "attempts per callback before it is dropped")
     callback_max_concurrent: int = setting("POC_CALLBACK_MAX_CONCURRENT", 10, "callbacks in flight at once")
     callback_queue_size: int = setting("POC_CALLBACK_QUEUE_SIZE", 10000,
-                                       "undelivered callbacks kept (oldest dropped and counted beyond)")
+                                       "undelivered /generate job callbacks kept (oldest dropped and counted "
+                                       "beyond); mining artifacts are capped by --callback-max-artifacts")
+    callback_max_artifacts: int = setting("POC_CALLBACK_MAX_ARTIFACTS", 1000000,
+                                          "mining artifacts kept for POST {url}/generated while undelivered "
+                                          "(oldest batches dropped and counted beyond)")
     stop_flush_timeout_s: float = setting("POCSERVE_STOP_FLUSH_TIMEOUT_S", 5.0,
                                           "how long /stop waits to deliver computed artifacts before answering")
     chat_share: float = setting("POCSERVE_CHAT_SHARE", 0.6,
@@ -125,9 +134,12 @@ def _check(s: BackendSettings) -> None:
         # inproc has no ZMTP handshake, so CURVE would silently do nothing there.
         raise SettingsError("--address / POCSERVE_BACKEND_ADDRESS: CURVE needs an ipc:// or tcp:// address")
     for name in ("poc_max_batch_tokens", "batch_size_default", "max_queued_nonces", "callback_max_retries",
-                 "callback_max_concurrent", "callback_queue_size"):
+                 "callback_max_concurrent", "callback_queue_size", "callback_max_artifacts"):
         if getattr(s, name) <= 0:
             raise SettingsError(f"--{name.replace('_', '-')} must be positive")
+    if not s.generate_chunk_timeout_s > 0:  # NaN too
+        raise SettingsError(f"--generate-chunk-timeout-s / POC_GENERATE_CHUNK_TIMEOUT_SEC must be positive, got "
+                            f"{s.generate_chunk_timeout_s}")
     if not 0.0 <= s.chat_share <= 1.0:
         raise SettingsError(f"--chat-share / POCSERVE_CHAT_SHARE must be in [0, 1], got {s.chat_share}")
     if s.poc_forwards_in_flight not in (1, 2):

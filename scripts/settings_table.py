@@ -1,5 +1,7 @@
-"""Prints the README's settings tables from the settings modules (so the README never drifts)."""
+"""Prints the README's settings tables from the settings modules (so the README never drifts), and the section on
+the fork's environment variables (backend/fork_env.py)."""
 
+from backend.fork_env import readme_section
 from backend.settings import OPTIONS as BACKEND
 from frontend.settings import OPTIONS as FRONTEND
 
@@ -15,3 +17,6 @@ if __name__ == "__main__":
     print(table("Backend (`python -m backend`)", BACKEND))
     print()
     print(table("Frontend (`python -m frontend`)", FRONTEND))
+    print()
+    # The fork's names are the backend's POC_* settings (the frontend reads none).
+    print(readme_section([(o.env, o.flag) for o in BACKEND if o.env.startswith("POC_")]))

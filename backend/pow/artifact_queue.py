@@ -7,6 +7,10 @@ lane round-robin, one forward each, so a small job never waits for a large one. 
 gets one forward in every MINING_EVERY, so a stream of jobs slows mining but never stops it (jobs keep 7/8 of the
 device, mining 1/8).
 
+A /generate task may carry a ChunkTimeout (the fork's POC_GENERATE_CHUNK_TIMEOUT_SEC): `expire()`, called on the
+loop's timer, fails it once its next chunk has waited that long for the engine with no forward of it running or
+finished meanwhile (free KV blocks, other jobs, chat's share of the device). Mining and direct requests have none.
+
 `run_batch(limit)` runs one forward of at most `limit` nonces (the policy's size for it when chat shares the device)
 and records its duration, so the policy can size the next one. Where the runner overlaps forwards with chat's
 steps, `launch_batch()` queues a whole forward and `poll_batch()` finishes the oldest; the runner may take a second
@@ -38,6 +42,20 @@ MINING_EVERY = 8
 
 
 @dataclass
+class ChunkTimeout:
+    """How long a /generate task's next chunk of `chunk_size` nonces may wait for the engine. As in the fork, the
+    clock stops while a forward of the task runs (the fork checks it only while the engine turns a chunk away) and
+    starts again from each forward's end."""
+
+    seconds: float
+    chunk_size: int
+    # What the task fails with: (index of the chunk that waited, seconds it waited) -> the error. The service words
+    # it: the fork fails a queued job and a wait=true request with different texts.
+    error: Callable[[int, float], ErrorInfo]
+    waiting_since: float = 0.0
+
+
+@dataclass
 class ArtifactTask:
     job: ArtifactJob
     # Called once with (artifacts, None) or ([], error).
@@ -48,6 +66,8 @@ class ArtifactTask:
     artifacts: list[Artifact] = field(default_factory=list)
     # How many of `remaining`, from its head, forwards in flight hold (they finish in launch order).
     launched: int = 0
+    # None: the task waits as long as it takes.
+    timeout: ChunkTimeout | None = None
 
     def __post_init__(self) -> None:
         self.remaining = list(self.job.nonces)
@@ -87,7 +107,28 @@ class ArtifactQueue:
 
     def submit(self, task: ArtifactTask) -> None:
         self._runner.check(task.job)
+        self._restart_clock(task)
         (self._mining if task.tag == MINING else self._jobs).append(task)
+
+    def expire(self) -> int:
+        """Fails the tasks whose next chunk has waited their ChunkTimeout (none of their forwards in flight);
+        returns how many. Only job-lane tasks carry one."""
+        now = None
+        expired: list[tuple[ArtifactTask, ChunkTimeout, float]] = []
+        for task in self._jobs:
+            if task.timeout is None or task.launched:
+                continue
+            now = self._clock() if now is None else now
+            waited = now - task.timeout.waiting_since
+            if waited >= task.timeout.seconds:
+                expired.append((task, task.timeout, waited))
+        for task, timeout, waited in expired:
+            self._jobs.remove(task)
+            chunk = (len(task.job.nonces) - len(task.remaining)) // timeout.chunk_size
+            log.warning("poc_job_chunk_timeout", chunk=chunk, waited_s=round(waited, 1), timeout_s=timeout.seconds,
+                        num_nonces=len(task.job.nonces), num_done=len(task.artifacts))
+            task.done([], timeout.error(chunk, waited))
+        return len(expired)
 
     def discard(self, predicate) -> int:
         """Drops queued tasks matching `predicate` without calling them back; returns how many."""
@@ -168,6 +209,7 @@ class ArtifactQueue:
         except Exception as e:
             for _, other, num in self._in_flight:
                 other.launched -= num
+                self._restart_clock(other)  # its forward ran until now: it waits again from here
             self._in_flight.clear()
             self._failed(is_job, task, num_run, e)
             return
@@ -191,6 +233,10 @@ class ArtifactQueue:
         lane = self._jobs if is_job else self._mining
         return lane if any(t is task for t in lane) else None
 
+    def _restart_clock(self, task: ArtifactTask) -> None:
+        if task.timeout is not None:  # the clock is read only for tasks that need it
+            task.timeout.waiting_since = self._clock()
+
     def _wait_for_blocks(self, e: NoFreeBlocks) -> None:
         # Running requests hold the KV cache: let engine steps finish some before trying again.
         self.is_blocked = True
@@ -210,6 +256,7 @@ class ArtifactQueue:
         if lane is None:
             return
         self._num_job_forwards = self._num_job_forwards + 1 if is_job else 0
+        self._restart_clock(task)  # progress: the next chunk's wait starts now
         task.artifacts.extend(Artifact(nonce=n, vector_b64=v) for n, v in artifacts)
         del task.remaining[:num_run]
         if not task.remaining:

@@ -1,8 +1,13 @@
 """The callback outbox and its sender: durable POSTs of artifacts and job results to the node's receiver.
 
 Every callback is first a row in the SQLite `outbox` (through the `Store`); a row is deleted only once the receiver
-acknowledged it (status < 400) or it was dropped (retries spent, or the outbox cap), and the drop is counted. A
-restart resends what was not acknowledged; /stop flushes instead of discarding (the fork dropped both).
+acknowledged it (status < 400) or it was dropped (retries spent, or a cap), and the drop is counted. A restart
+resends what was not acknowledged; /stop flushes instead of discarding (the fork dropped both).
+
+Two caps, as the fork's: job rows beyond `max_job_rows` (POC_CALLBACK_QUEUE_SIZE, which in the fork bounds the
+/generate callback queue only) and mining artifacts beyond `max_artifacts` (POC_CALLBACK_MAX_ARTIFACTS, the fork's
+bound on its /generated buffer). Either way the oldest rows not in flight go first, whole rows: a mining row is
+one batch, stored and merged as one.
 
 Rows are sent in groups. "stream" rows (one mining batch each) with the same url, meta and encoding form one group,
 merged into one POST `{url}/generated` at most every `interval_s` (the first no earlier than `interval_s` after the
@@ -76,14 +81,16 @@ class CallbackSender:
     """Delivers outbox rows with retries; the counters are plain ints, readable from any thread."""
 
     def __init__(self, store: Store, *, interval_s: float = 5.0, max_retries: int = 10, max_backoff_s: float = 30.0,
-                 timeout_s: float = 10.0, max_outbox: int = 10000, max_concurrent: int = 10,
+                 timeout_s: float = 10.0, max_job_rows: int = 10000, max_artifacts: int = 1000000,
+                 max_concurrent: int = 10,
                  post: Callable[[str, bytes], int] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self._store = store
         self.interval_s = interval_s
         self.max_retries = max_retries
         self.max_backoff_s = max_backoff_s
-        self.max_outbox = max_outbox
+        self.max_job_rows = max_job_rows
+        self.max_artifacts = max_artifacts
         self.max_concurrent = max_concurrent
         self._clock = clock  # wall clock: next_attempt_at is persisted
         # What a previous process left undelivered (blocking: this runs once, at startup).
@@ -98,7 +105,9 @@ class CallbackSender:
         self.num_delivered = self.num_dropped = self.num_retries = 0
         self.backlog = len(loaded)
         self._inbox: queue.SimpleQueue[OutboxRow | _Result | _Flush | None] = queue.SimpleQueue()
-        self._rows: dict[int, OutboxRow] = {}  # insertion order is age order: the cap drops from the front
+        self._rows: dict[int, OutboxRow] = {}  # insertion order is age order: the caps drop from the front
+        # Job rows and the artifacts of stream rows in `_rows`: what the two caps count.
+        self._num_job_rows = self._num_artifacts = 0
         self._groups: dict[tuple, _Group] = {}
         self._flushes: list[_Flush] = []
         self._num_in_flight = 0
@@ -233,6 +242,7 @@ class CallbackSender:
 
     def _add_row(self, row: OutboxRow, gate_at: float | None = None) -> None:
         self._rows[row.id] = row
+        self._count(row, 1)
         row.key = _group_key(row)
         group = self._groups.get(row.key)
         if group is None:
@@ -288,12 +298,34 @@ class CallbackSender:
             self._drop(dropped, "callback_dropped", reason=reason, attempts=self.max_retries)
 
     def _enforce_cap(self) -> None:
-        excess = len(self._rows) - self.max_outbox
+        excess = self._num_job_rows - self.max_job_rows
         if excess > 0:
-            idle = (r for r in self._rows.values() if not self._groups[r.key].is_in_flight)
+            idle = (r for r in self._idle() if r.kind == JOB)
             victims = list(itertools.islice(idle, excess))
             if victims:
-                self._drop(victims, "callback_outbox_full", max_outbox=self.max_outbox)
+                self._drop(victims, "callback_outbox_full", max_job_rows=self.max_job_rows)
+        excess = self._num_artifacts - self.max_artifacts
+        if excess > 0:
+            victims = []
+            for row in self._idle():
+                if excess <= 0:
+                    break
+                if row.kind == STREAM:
+                    victims.append(row)
+                    excess -= _num_artifacts(row)
+            if victims:
+                self._drop(victims, "callback_artifacts_full", max_artifacts=self.max_artifacts,
+                           num_artifacts=sum(_num_artifacts(r) for r in victims))
+
+    def _idle(self):
+        """Rows no POST holds now, oldest first: the ones a cap may drop."""
+        return (r for r in self._rows.values() if not self._groups[r.key].is_in_flight)
+
+    def _count(self, row: OutboxRow, sign: int) -> None:
+        if row.kind == STREAM:
+            self._num_artifacts += sign * _num_artifacts(row)
+        else:
+            self._num_job_rows += sign
 
     def _drop(self, rows: list[OutboxRow], event: str, **fields: Any) -> None:
         ids = {r.id for r in rows}
@@ -311,6 +343,7 @@ class CallbackSender:
         """Forgets rows here and deletes them from the file (they were delivered or dropped)."""
         for row in rows:
             del self._rows[row.id]
+            self._count(row, -1)
             group = self._groups[row.key]
             del group.rows[row.id]
             if not group.rows and not group.is_in_flight:
@@ -347,6 +380,11 @@ def _merged(bodies: list) -> MinedBody:
     first = bodies[0]
     assert isinstance(first, MinedBody), "stream rows are mining batches"
     return msgspec.structs.replace(first, artifacts=[a for b in bodies for a in b.artifacts])
+
+
+def _num_artifacts(row: OutboxRow) -> int:
+    assert isinstance(row.body, MinedBody), "stream rows are mining batches"
+    return len(row.body.artifacts)
 
 
 def _group_key(row: OutboxRow) -> tuple:

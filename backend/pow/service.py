@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import structlog
 
 from backend.errors import RequestError, gate_error, pow_error
-from backend.pow.artifact_queue import MINING, ArtifactQueue, ArtifactTask
+from backend.pow.artifact_queue import MINING, ArtifactQueue, ArtifactTask, ChunkTimeout
 from backend.pow.callbacks import CallbackSender
 from backend.pow.cost import Cost
 from backend.pow.jobs import GenerateQueue, Job, QueueFull
@@ -64,7 +64,7 @@ class _WaitingCall:
 class PowService:
     def __init__(self, *, artifacts: ArtifactQueue, jobs: GenerateQueue, callbacks, send: Callable, chat,
                  model_names: list[str], mode: str, default_batch_size: int,
-                 stop_flush_timeout_s: float = 5.0) -> None:
+                 stop_flush_timeout_s: float = 5.0, chunk_timeout_s: float | None = None) -> None:
         self.artifacts = artifacts
         self.jobs = jobs
         self.callbacks = callbacks
@@ -75,6 +75,8 @@ class PowService:
         self.mode = mode
         self.default_batch_size = default_batch_size
         self.stop_flush_timeout_s = stop_flush_timeout_s
+        # POC_GENERATE_CHUNK_TIMEOUT_SEC: how long a /generate job's next chunk may wait (None: as long as it takes).
+        self.chunk_timeout_s = chunk_timeout_s
         self.round: MiningRound | None = None
         self._num_mining_queued = 0  # the round's batches in the artifact queue
         # Persisted jobs now in the artifact queue (wait=true calls go there at once and are not counted).
@@ -134,6 +136,7 @@ class PowService:
 
     def on_timer(self) -> None:
         self.jobs.prune_expired()
+        self.artifacts.expire()
 
     # --- handlers ---
 
@@ -338,7 +341,11 @@ class PowService:
             # wait=true answers carry a fresh request id that is not stored (as in the fork).
             answer(None if error else job_view(str(uuid.uuid4()), "completed", result), error)
 
-        self.artifacts.submit(ArtifactTask(job=_job_of(msg), done=done, tag="job"))
+        timeout = None
+        if self.chunk_timeout_s is not None:
+            timeout = ChunkTimeout(self.chunk_timeout_s, msg.batch_size or self.default_batch_size,
+                                   _job_timeout if job is not None else _wait_timeout)
+        self.artifacts.submit(ArtifactTask(job=_job_of(msg), done=done, tag="job", timeout=timeout))
 
 
 def _check_node(node_id: int, node_count: int, group_id: int = 0, n_groups: int = 1) -> None:
@@ -346,6 +353,16 @@ def _check_node(node_id: int, node_count: int, group_id: int = 0, n_groups: int 
         check_node(node_id, node_count, group_id, n_groups)
     except PocInputError as e:
         raise pow_error(400, f"{e.field} {e.message}", param=e.field) from e
+
+
+# The fork's texts for a chunk that waited POC_GENERATE_CHUNK_TIMEOUT_SEC: a queued job fails with the first (its
+# queue worker's), a wait=true request answers 503 with the second (its route's).
+def _job_timeout(chunk: int, waited_s: float) -> ErrorInfo:
+    return pow_error(503, f"Timeout waiting for engine: chunk {chunk}").info()
+
+
+def _wait_timeout(chunk: int, waited_s: float) -> ErrorInfo:
+    return pow_error(503, f"Timeout after {waited_s:.1f}s").info()
 
 
 def _job_of(msg: PowGenerateRequest) -> ArtifactJob:
@@ -363,10 +380,12 @@ def build_pow_service(settings: BackendSettings, artifacts: ArtifactQueue, chat,
     jobs = GenerateQueue(store, max_queued_nonces=settings.max_queued_nonces, result_ttl_s=settings.result_ttl_s)
     jobs.load()
     callbacks = CallbackSender(store, interval_s=settings.callback_interval_s,
-                               max_retries=settings.callback_max_retries, max_outbox=settings.callback_queue_size,
+                               max_retries=settings.callback_max_retries, max_job_rows=settings.callback_queue_size,
+                               max_artifacts=settings.callback_max_artifacts,
                                max_concurrent=settings.callback_max_concurrent)
     log.info("pow_state_loaded", num_queued_jobs=jobs.num_queued, num_undelivered_callbacks=callbacks.backlog)
     return PowService(artifacts=artifacts, jobs=jobs, callbacks=callbacks, send=send, chat=chat,
                       model_names=model_names, mode=settings.scheduling_mode,
                       default_batch_size=settings.batch_size_default,
-                      stop_flush_timeout_s=settings.stop_flush_timeout_s)
+                      stop_flush_timeout_s=settings.stop_flush_timeout_s,
+                      chunk_timeout_s=settings.generate_chunk_timeout_s)

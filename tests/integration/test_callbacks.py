@@ -236,7 +236,7 @@ def test_callbacks_outbox_cap_drops_oldest(receiver, make_sender, store):
     first.close()
     # The outbox now holds 5 rows; a sender capped at 3 keeps the newest 3.
     store.call(lambda c: c.execute("UPDATE outbox SET url = ?", (receiver.url,)))
-    second = make_sender(max_outbox=3)
+    second = make_sender(max_job_rows=3)
     wait_until(lambda: second.num_delivered == 3)
     assert sorted(b["request_id"] for b in receiver.bodies()) == ["r2", "r3", "r4"]
     assert second.num_dropped == 2

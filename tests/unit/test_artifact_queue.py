@@ -1,5 +1,6 @@
 """Unit tests for backend/pow/artifact_queue.py with a fake runner: jobs before the round's batches, jobs
-round-robin, the round's guaranteed share while jobs wait, sized forwards, failures and blocked forwards."""
+round-robin, the round's guaranteed share while jobs wait, sized forwards, failures and blocked forwards, and the
+chunk timeout (on a fake clock)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from collections import deque
 import pytest
 
 from backend.engine.poc import NoFreeBlocks
-from backend.pow.artifact_queue import MINING, MINING_EVERY, ArtifactQueue, ArtifactTask
+from backend.errors import pow_error
+from backend.pow.artifact_queue import MINING, MINING_EVERY, ArtifactQueue, ArtifactTask, ChunkTimeout
 from poc.spec import ArtifactJob, PocSpec
 
 MAX_BATCH = 4
@@ -324,3 +326,96 @@ def test_artifact_queue_no_second_forward_while_the_last_launch_found_no_free_bl
     queue.launch_batch(is_chat_running=False, budget_s=float("inf"))
     queue.poll_batch()
     assert [a.nonce for a in done.calls[0][0]] == list(range(8))
+
+
+# --- the chunk timeout (POC_GENERATE_CHUNK_TIMEOUT_SEC): a /generate task whose next chunk waits too long fails
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _timeout_error(chunk: int, waited_s: float):
+    return pow_error(503, f"chunk {chunk} waited {waited_s:g}").info()
+
+
+def _timed(name: str, num_nonces: int, seconds: float = 60.0, chunk_size: int = 4) -> tuple[ArtifactTask, Done]:
+    task, done = _task(name, num_nonces)
+    task.timeout = ChunkTimeout(seconds, chunk_size, _timeout_error)
+    return task, done
+
+
+def test_artifact_queue_chunk_waiting_for_blocks_times_out_and_leaves_the_queue():
+    clock = FakeClock()
+    runner = FakeRunner()
+    queue = ArtifactQueue(runner, clock=clock)
+    job, done = _timed("validation", 4)
+    queue.submit(job)
+    runner.blocked = True
+    queue.run_batch()  # no free KV blocks: the chunk keeps waiting
+    clock.now = 59.9
+    assert queue.expire() == 0 and len(queue) == 1
+    clock.now = 60.0
+    assert queue.expire() == 1
+    [(artifacts, error)] = done.calls
+    assert artifacts == [] and error.status == 503 and error.message == "chunk 0 waited 60"
+    assert len(queue) == 0 and queue.expire() == 0  # done() is called once
+
+
+def test_artifact_queue_chunk_clock_restarts_after_each_forward_and_names_the_chunk():
+    clock = FakeClock()
+    queue = ArtifactQueue(FakeRunner(), clock=clock)
+    job, done = _timed("validation", 12, chunk_size=4)  # chunks of 4; forwards of MAX_BATCH = 4
+    queue.submit(job)
+    clock.now = 50.0
+    queue.run_batch()  # chunk 0 done at 50 s: chunk 1 waits from here
+    clock.now = 105.0
+    assert queue.expire() == 0
+    queue.run_batch()  # chunk 1 done at 105 s
+    clock.now = 165.0
+    assert queue.expire() == 1
+    assert done.calls[0][1].message == "chunk 2 waited 60"
+
+
+def test_artifact_queue_chunk_timeout_spares_forwards_in_flight_mining_and_tasks_without_one():
+    clock = FakeClock()
+    runner = LaunchingRunner()
+    queue = ArtifactQueue(runner, clock=clock)
+    job, done = _timed("validation", 4)
+    mining, mining_done = _task("round", 4, MINING)
+    direct, direct_done = _task("direct", 4, tag="direct")
+    queue.submit(job)
+    queue.submit(direct)
+    queue.submit(mining)
+    queue.launch_batch(is_chat_running=False, budget_s=float("inf"))
+    assert runner.launched == ("validation", [0, 1, 2, 3])
+    clock.now = 1000.0
+    assert queue.expire() == 0  # the engine holds its chunk: the fork never times a running chunk out either
+    runner.finished = True
+    queue.poll_batch()
+    assert done.calls[0][1] is None
+    assert queue.expire() == 0 and len(queue) == 2 and not mining_done.calls and not direct_done.calls
+
+
+def test_artifact_queue_chunk_clock_restarts_when_a_failed_forward_returns_the_next_ones_nonces():
+    clock = FakeClock()
+    runner = LaunchingRunner()
+    queue = ArtifactQueue(runner, clock=clock)
+    bad, bad_done = _task("bad", 4)
+    good, good_done = _timed("good", 4)
+    queue.submit(bad)
+    queue.submit(good)
+    runner.fail_for = "bad"
+    queue.launch_batch(is_chat_running=True, budget_s=0.001)
+    queue.launch_batch(is_chat_running=True, budget_s=0.001)
+    clock.now = 100.0
+    queue.poll_batch(wait=True)  # the failure drops "good"'s forward too: it waits again from 100 s
+    assert bad_done.calls and good.launched == 0
+    clock.now = 159.0
+    assert queue.expire() == 0
+    clock.now = 160.0
+    assert queue.expire() == 1 and good_done.calls[0][1].message == "chunk 0 waited 60"

@@ -31,6 +31,8 @@ PRECEDENCE = [
      "flag-token"),
     (frontend_settings, "pow_wait_timeout_s", "POCSERVE_POW_WAIT_TIMEOUT_S", "30", "5.5", 600.0, 30.0, 5.5),
     (backend_settings, "batch_size_default", "POC_BATCH_SIZE_DEFAULT", "64", "8", 32, 64, 8),
+    (backend_settings, "generate_chunk_timeout_s", "POC_GENERATE_CHUNK_TIMEOUT_SEC", "30", "0.5", 60.0, 30.0, 0.5),
+    (backend_settings, "callback_max_artifacts", "POC_CALLBACK_MAX_ARTIFACTS", "500", "7", 1000000, 500, 7),
 ]
 
 
@@ -91,6 +93,10 @@ def test_settings_frontend_id_defaults_to_host_pid():
     (frontend_settings, ["--pow-wait-timeout-s", "0"], {}, ["--pow-wait-timeout-s"]),
     (backend_settings, [], {"POC_BATCH_SIZE_DEFAULT": "0"}, ["--batch-size-default"]),
     (backend_settings, [], {"POC_BATCH_SIZE_DEFAULT": "many"}, ["POC_BATCH_SIZE_DEFAULT"]),
+    (backend_settings, [], {"POC_GENERATE_CHUNK_TIMEOUT_SEC": "0"},
+     ["--generate-chunk-timeout-s", "POC_GENERATE_CHUNK_TIMEOUT_SEC"]),
+    (backend_settings, [], {"POC_GENERATE_CHUNK_TIMEOUT_SEC": "nan"}, ["POC_GENERATE_CHUNK_TIMEOUT_SEC"]),
+    (backend_settings, ["--callback-max-artifacts", "0"], {}, ["--callback-max-artifacts"]),
     (backend_settings, ["--chat-share", "1.5"], {}, ["--chat-share", "POCSERVE_CHAT_SHARE"]),
     (backend_settings, [], {"POCSERVE_CHAT_SHARE": "-0.1"}, ["--chat-share"]),
     (backend_settings, [], {"POCSERVE_CHAT_SHARE": "nan"}, ["--chat-share"]),
