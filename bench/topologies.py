@@ -36,7 +36,7 @@ NODE = {"block_hash": "TOPOLOGIES", "block_height": 1, "public_key": "bench_key"
 # (name, stat test): the spec's code defaults, and the chain's production values (spec §3, §9).
 STAT_TESTS = (("defaults", StatTest()),
               ("chain", StatTest(dist_threshold=0.4, p_mismatch=0.1, fraud_threshold=0.05)))
-_TOPOLOGY = re.compile(r"^(?:tp(\d+))?(?:x?pp(\d+))?$")
+_TOPOLOGY = re.compile(r"^(?:tp(\d+))?(?:x?pp(\d+))?(ep)?$")
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class Topology:
     name: str
     tp: int
     pp: int
+    ep: bool = False  # vLLM's --enable-expert-parallel (MoE models): experts split over the TP ranks
 
     @property
     def ranks(self) -> int:
@@ -53,8 +54,9 @@ class Topology:
     def parse(cls, name: str) -> Topology:
         m = _TOPOLOGY.match(name)
         if not name or m is None:
-            raise argparse.ArgumentTypeError(f"{name!r}: write tpN, ppN or tpNxppM")
-        return cls(name, int(m.group(1) or 1), int(m.group(2) or 1))
+            raise argparse.ArgumentTypeError(f"{name!r}: write tpN, ppN or tpNxppM, with ep after for expert "
+                                             "parallel")
+        return cls(name, int(m.group(1) or 1), int(m.group(2) or 1), m.group(3) is not None)
 
 
 def _cpu_bind(ranks: int) -> dict[str, str]:
@@ -91,7 +93,8 @@ def run_topology(topology: Topology, model_dir: Path, args) -> dict:
                                str(work / "state"), "--tensor-parallel-size", str(topology.tp),
                                "--pipeline-parallel-size", str(topology.pp), "--gpu-memory-utilization", str(memory),
                                "--max-model-len", str(max(2048, args.seq_len)), "--log-level", "warning",
-                               *(["--enforce-eager"] if args.enforce_eager else [])],
+                               *(["--enforce-eager"] if args.enforce_eager else []),
+                               *(["--enable-expert-parallel"] if topology.ep else [])],
                    work / "backend.log", env=_cpu_bind(topology.ranks))
     frontend = Proc("frontend", ["-m", "frontend", "--backend-address", address, "--port", str(port),
                                  "--log-level", "warning"], work / "frontend.log")
