@@ -13,9 +13,8 @@ from pocserve.flags import Plan
 from pocserve.instance import InstanceError, check_port_free, prepare, resolve_model
 from tests.stack import free_port
 
-PLAN = Plan(model="", revision=None, download_dir=None, served_model_name="tiny", host="127.0.0.1", port=0,
-            api_key="", backend_args=("--max-model-len", "1024"), frontend_args=(), ignored=(),
-            foreign_worker_extension="")
+PLAN = Plan(model="", revision=None, download_dir=None, host="127.0.0.1", port=0, api_key="",
+            backend_args=("--served-model-name", "tiny", "--max-model-len", "1024"), frontend_args=(), ignored=())
 
 
 def test_instance_port_in_use_names_the_port():

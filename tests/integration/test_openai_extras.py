@@ -74,7 +74,7 @@ def test_n_one_validator_replay_still_matches(stack):
 
 
 @pytest.mark.parametrize(("change", "param"), [
-    ({"n": 1000}, "n"),  # beyond the test backend's --max-num-seqs (64)
+    ({"n": 1000}, "n"),  # beyond the test backend's --max-num-seqs (64, tests/stack.py)
     ({"n": 0}, "n"),
     ({"n": 2, "enforced_str": "hello"}, "n"),
 ])
@@ -163,3 +163,18 @@ def test_tokenize_bad_input(stack, path, payload, status, param):
     r = httpx.post(f"{stack.base_url}{path}", json=payload, timeout=30)
     assert r.status_code == status, r.text
     assert r.json()["error"]["param"] == param
+
+
+# --- priority: vLLM's scheduler field ---
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_priority_under_fcfs_is_vllms_400_and_zero_is_served(stack, route):
+    """The shared test backend runs vLLM's default policy (fcfs): vLLM refuses a non-zero priority there, as
+    `vllm serve` does; under --scheduling-policy priority it is served (tests/integration/test_api_server.py)."""
+    path, field = ("chat/completions", {"messages": MESSAGES}) if route == "chat" else ("completions",
+                                                                                       {"prompt": "Hello"})
+    url = f"{stack.base_url}/v1/{path}"
+    r = httpx.post(url, timeout=30, json={"model": stack.model, **field, "max_tokens": 2, "priority": 1})
+    assert r.status_code == 400 and "priority" in r.json()["error"]["message"].lower(), r.text
+    r = httpx.post(url, timeout=60, json={"model": stack.model, **field, "max_tokens": 2, "priority": 0})
+    assert r.status_code == 200, r.text

@@ -4,6 +4,8 @@ OVERRIDES; what pocserve cannot honour is one line naming the flag (no engine is
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from common.config import SettingsError
@@ -140,3 +142,17 @@ def test_absent_max_num_seqs_is_what_vllm_serve_picks_on_this_device(model_dir):
     vllm_serve = EngineArgs(model=str(model_dir), max_model_len=1024)
     picked = [a.create_engine_config(USAGE_CONTEXT).scheduler_config.max_num_seqs for a in (ours, vllm_serve)]
     assert picked[0] == picked[1], picked
+
+
+@pytest.mark.parametrize(("config", "tp"), [("node-config", "4"), ("qwen235B-B200", "2"), ("release-candidate", "4")])
+def test_every_network_qwen3_config_passes_launcher_and_backend(config, tp):
+    """Each Qwen3-235B config of the network (gonka deploy/join/node-config*.json), after the runner's own flags:
+    the launcher refuses none of its server flags and the backend takes every engine flag."""
+    from bench.network_launch import CONFIGS, runner_command
+    from pocserve.cli import parse
+    from pocserve.flags import translate
+
+    argv = runner_command(Path("m"), 5001, [*CONFIGS[config], "--tensor-parallel-size", tp])[3:]
+    plan = translate(parse(argv), argv)
+    e = load_settings([*plan.backend_args, "--generate-model", "tiny"], {}).engine
+    assert (e.tensor_parallel_size, e.max_model_len, e.dtype) == (int(tp), 240000, "auto")
