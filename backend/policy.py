@@ -114,9 +114,9 @@ class Overlapped:
 
 def choose_overlapped(s: Snapshot) -> Overlapped:
     """Between the share's ends the share is not spent here: it sized the SM partition a forward beside chat runs
-    on (poc/streams.py), so PoC keeps a forward running, and the next queued behind it, while it has work. Share
-    1: a forward starts only while chat is idle, and none behind it (chat joining it waits for one forward at
-    most). Share 0: chat steps only while PoC is idle, or to free the KV blocks PoC waits for."""
+    on (backend/engine/pocworker/streams.py), so PoC keeps a forward running, and the next queued behind it, while
+    it has work. Share 1: a forward starts only while chat is idle, and none behind it (chat joining it waits for
+    one forward at most). Share 0: chat steps only while PoC is idle, or to free the KV blocks PoC waits for."""
     is_chat_active = s.has_engine_work or s.is_chat_preparing
     has_slot = s.has_poc_slot and (s.chat_share < 1.0 or s.is_chat_gated)
     poc_ready = (s.has_poc_work and (not s.is_poc_in_flight or has_slot)

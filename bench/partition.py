@@ -3,9 +3,9 @@
     python -m bench.partition [--curve-sms N ...] [--poc-sms N ...] [--json out.json]
 
 Shared mode runs chat's decode steps on a highest-priority stream and the PoC forward on a green context of
-(1 − share) of the SMs (poc/streams.py). On an H100 (0.6B shape, 16 streams) chat's TPOT p50 rose 18-31% beside
-the forward on 88 of 132 SMs, while PoC kept ~0.76x its exclusive rate. This separates the causes with stand-ins
-of the 0.6B shape's kernels, each replayed from a CUDA graph:
+(1 − share) of the SMs (backend/engine/pocworker/streams.py). On an H100 (0.6B shape, 16 streams) chat's TPOT p50
+rose 18-31% beside the forward on 88 of 132 SMs, while PoC kept ~0.76x its exclusive rate. This separates the
+causes with stand-ins of the 0.6B shape's kernels, each replayed from a CUDA graph:
 - chat: one decode step of 16 sequences (28 layers: RMSNorm, QKV, attention over a 256-token cache, O, gate-up,
   SiLU, down; then the LM head and vLLM's random sampling), timed per step with a host sync as the engine waits
   for each step;
@@ -35,8 +35,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from backend.engine.pocworker.streams import cublas_carveout
 from bench.green_split import green_split
-from poc.streams import cublas_carveout
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS, VOCAB = 1024, 16, 8, 128, 3072, 28, 151936
 

@@ -29,7 +29,7 @@ def _bare(worker, block_ids: list[int], num_seqs: int, seq_len: int, iters: int)
     """Runs inside the worker (in-process executor): the forward alone, seconds per iteration."""
     import torch
 
-    from poc.forward import prefill_last_hidden
+    from backend.engine.pocworker.forward import prefill_last_hidden
     mr, cfg = worker.model_runner, worker.vllm_config
     device = torch.device(worker.device) if not isinstance(worker.device, torch.device) else worker.device
     x = torch.randn(num_seqs, seq_len, cfg.model_config.get_hidden_size(), device=device,
@@ -55,15 +55,15 @@ def _parts(worker, block_ids: list[int], num_seqs: int, seq_len: int, iters: int
     """Milliseconds per batch of each PoC stage, timed alone in the worker: where the PoC overhead goes."""
     import torch
 
+    from backend.engine.pocworker.forward import prefill_last_hidden
+    from backend.engine.pocworker.hooks import decoder_layers, reflection_hooks
     from poc.artifacts import compute_artifacts
-    from poc.forward import prefill_last_hidden
     from poc.rng import input_embeddings
-    from poc.worker import _decoder_layers, reflection_hooks
     mr, cfg = worker.model_runner, worker.vllm_config
     device = torch.device(worker.device) if not isinstance(worker.device, torch.device) else worker.device
     model, hidden = mr.get_model(), cfg.model_config.get_hidden_size()
     nonces = list(range(num_seqs))
-    vectors = worker._householder("BENCH_BLOCK", len(_decoder_layers(model)), hidden, device)
+    vectors = worker._householder("BENCH_BLOCK", len(decoder_layers(model)), hidden, device)
 
     def rng():
         return input_embeddings("BENCH_BLOCK", "bench_key", nonces, seq_len, hidden, device, cfg.model_config.dtype)

@@ -160,7 +160,8 @@ PY
       dense|moe-bf16|moe-fp8|serving|tests|all) ;;
       *) echo "topologies: unknown part $part" >&2; exit 2 ;;
     esac
-    # Eager engines: the PoC forward runs eagerly either way (poc/forward.py); the starts skip compilation.
+    # Eager engines: the PoC forward runs eagerly either way (backend/engine/pocworker/forward.py); the starts skip
+    # compilation.
     topo() { python3 -m bench.topologies --topologies "${tops[@]}" --nonces 256 --seq-len 1024 --enforce-eager \
       --gpu-memory-utilization 0.8 "$@" 2>&1 | quiet | tee -a "$out/topologies.txt"; }
     case "$part" in dense|all) topo --shape qwen3-0.6b --json "$out/topologies-0.6b.json" ;; esac

@@ -2,9 +2,8 @@
 
 Every module that imports vLLM, and why:
 - backend/engine/: the EngineCore and its arguments (adapter.py, args.py), the PoC runner's KV leases (poc.py),
-  the worker extension class (worker_extension.py);
+  the worker extension class (worker_extension.py), and the PoC forward inside vLLM's workers (pocworker/);
 - backend/processor/: vLLM's input and output processors, in the processor process;
-- poc/forward.py and poc/worker.py: the PoC forward, inside vLLM's workers;
 - sampling/enforced.py and sampling/grammar.py: the sampler and grammar hooks, installed through the worker
   extension and on the engine core's structured-output manager.
 Differences between the vLLM versions we run (0.26 on CUDA, 0.29 on CPU) live in compat.py only, and every

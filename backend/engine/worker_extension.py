@@ -3,7 +3,7 @@
 from typing import Any
 
 from backend.engine import compat
-from poc.worker import PocWorkerExtension
+from backend.engine.pocworker.extension import PocWorkerExtension
 from sampling.enforced import EnforcedSamplingExtension
 
 

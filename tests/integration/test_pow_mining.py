@@ -253,7 +253,7 @@ def test_layerwise_forward_beside_chat_gives_the_whole_forwards_artifacts_bit_fo
 def overlapped_exclusive(model_dir, tmp_path_factory):
     """The overlapped loop in exclusive mode: chat is gated during a round, and the loop waits for each forward
     with the next queued behind it; on a CUDA engine a shape's forwards after its first are replayed from a CUDA
-    graph (poc/graphs.py)."""
+    graph (backend/engine/pocworker/graphs.py)."""
     server = Server.start(model_dir, tmp_path_factory.mktemp("pow-overlapped-exclusive"), "--scheduling-mode",
                           "exclusive", "--poc-overlap", "on", "--callback-interval-s", "0.5")
     yield server

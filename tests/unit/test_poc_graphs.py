@@ -1,6 +1,6 @@
-"""poc/graphs.py's bookkeeping: which forwards run eager, which are captured, what a replay rewrites. The capture
-itself needs CUDA (scripts/gpu_check.sh runs the overlapped tests there, where replays are compared bit for bit
-with eager forwards)."""
+"""backend/engine/pocworker/graphs.py's bookkeeping: which forwards run eager, which are captured, what a replay
+rewrites. The capture itself needs CUDA (scripts/gpu_check.sh runs the overlapped tests there, where replays are
+compared bit for bit with eager forwards)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,15 @@ import types
 import pytest
 import torch
 
-import poc.forward
-from poc import graphs
-from poc.graphs import MAX_GRAPHS, WARMUP_FORWARDS, Captured, GraphUnsupported, PocGraphs, check_capturable
+from backend.engine.pocworker import graphs
+from backend.engine.pocworker.graphs import (
+    MAX_GRAPHS,
+    WARMUP_FORWARDS,
+    Captured,
+    GraphUnsupported,
+    PocGraphs,
+    check_capturable,
+)
 
 B, L, H, LAYERS = 2, 4, 3, 5
 
@@ -98,7 +104,7 @@ def test_a_replay_rewrites_inputs_vectors_and_only_changed_block_tables(monkeypa
         return [(torch.tensor(block_ids, dtype=torch.int32).view(B, 2),
                  torch.arange(B * L, dtype=torch.int64) + block_ids[0])]
 
-    monkeypatch.setattr(poc.forward, "block_tables", block_tables)
+    monkeypatch.setattr(graphs, "block_tables", block_tables)
     worker = types.SimpleNamespace(model_runner=None, vllm_config=None)
     g = Graphs()
     for _ in range(WARMUP_FORWARDS + 1):

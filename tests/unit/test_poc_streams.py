@@ -1,11 +1,11 @@
-"""poc/streams.py's split of the SMs between chat and a PoC forward beside it (the CUDA side runs in
-scripts/gpu_check.sh overlap)."""
+"""backend/engine/pocworker/streams.py's split of the SMs between chat and a PoC forward beside it (the CUDA side
+runs in scripts/gpu_check.sh overlap)."""
 
 from __future__ import annotations
 
 import pytest
 
-from poc.streams import SM_GROUP, poc_sms
+from backend.engine.pocworker.streams import SM_GROUP, poc_sms
 
 H100_SMS = 132
 

@@ -8,9 +8,11 @@ import pytest
 import torch
 from torch import nn
 
+from backend.engine.pocworker.extension import PocWorkerExtension, _InFlight
+from backend.engine.pocworker.graphs import GraphedForward
+from backend.engine.pocworker.hooks import own_layers, reflection_hooks
 from poc.errors import PocInputError
 from poc.transforms import reflect_torch
-from poc.worker import PocWorkerExtension, own_layers, reflection_hooks
 
 HIDDEN = 8
 
@@ -86,9 +88,6 @@ class Event:
 def test_poc_worker_poll_waits_for_a_forward_queued_whole_at_launch(monkeypatch):
     """A graph replay is queued whole by poc_launch; poll must still answer "running" until its event says done,
     not read the artifacts at once (which blocks the engine thread until the forward ends)."""
-    from poc.graphs import GraphedForward
-    from poc.worker import _InFlight
-
     monkeypatch.setattr(torch.cuda, "Event", Event)
     worker = PocWorkerExtension()
     stream = object()
@@ -101,7 +100,8 @@ def test_poc_worker_poll_waits_for_a_forward_queued_whole_at_launch(monkeypatch)
 
 
 class Layerwise:
-    """poc.forward.LayerwiseForward's part poc_poll uses: `layers` more advance calls queue it wholly."""
+    """forward.LayerwiseForward's part poc_poll uses (backend/engine/pocworker/): `layers` more advance calls queue
+    it wholly."""
 
     def __init__(self, layers: int, fail: bool = False) -> None:
         self.layers, self.fail = layers, fail
@@ -119,8 +119,6 @@ class Layerwise:
 
 
 def _in_flight(forward, nonces):
-    from poc.worker import _InFlight
-
     return _InFlight(forward, None, 0, "h", "pk", nonces, 4)  # no stream: as off CUDA, done once queued
 
 

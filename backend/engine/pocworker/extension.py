@@ -1,10 +1,10 @@
-"""The worker-side PoC forward: a vLLM worker extension whose methods the engine thread calls by name.
+"""The worker-side PoC forward: methods vLLM mixes into its Worker, which the engine thread calls by name.
 
-Installed with `worker_extension_cls="poc.worker.PocWorkerExtension"`; vLLM mixes it into the worker class,
-so `self` is the Worker (model_runner, device, vllm_config). Every rank runs the same method with the same
-arguments. Every TP rank of the first pipeline stage regenerates the inputs itself; later stages receive the
-previous stage's hidden states, as in a chat step (poc/forward.py). Each stage reflects only the decoder layers it
-holds, with their global layer indices, and only the last stage returns artifacts.
+Installed through backend/engine/worker_extension.py's WorkerExtension (the one class vLLM is given), so `self` is the
+Worker (model_runner, device, vllm_config). Every rank runs the same method with the same arguments. Every TP rank
+of the first pipeline stage regenerates the inputs itself; later stages receive the previous stage's hidden states,
+as in a chat step (forward.py). Each stage reflects only the decoder layers it holds, with their global layer
+indices (hooks.py), and only the last stage returns artifacts.
 
 Invariants (each one cost someone invalid votes, see ARCHITECTURE §9):
 - attention metadata is built fresh for every forward (a cached one produced all-NaN hidden states);
@@ -24,83 +24,10 @@ from typing import Any
 import torch
 
 from backend.engine import compat
-from poc import cuda_kernels, graphs, streams
+from backend.engine.pocworker import forward, graphs, streams
+from backend.engine.pocworker.hooks import decoder_layers, find_layers, own_layers, reflect_output, reflection_hooks
 from poc.artifacts import compute_artifacts
-from poc.errors import PocInputError
 from poc.rng import householder_vectors, input_embeddings
-from poc.transforms import reflect
-
-_LAYER_PATHS = (("model", "layers"), ("transformer", "h"), ("layers",))
-
-
-def _find_layers(model: torch.nn.Module) -> tuple[torch.nn.Module, Any] | None:
-    """(the module holding it, the decoder layer list): the first of model.model.layers / model.transformer.h /
-    model.layers that exists (the fork's rule); None if there is none."""
-    for path in _LAYER_PATHS:
-        holder, obj = model, model
-        for name in path:
-            holder, obj = obj, getattr(obj, name, None)
-            if obj is None:
-                break
-        if obj is not None:
-            return holder, obj
-    return None
-
-
-def _require_layers(model: torch.nn.Module) -> tuple[torch.nn.Module, Any]:
-    found = _find_layers(model)
-    if found is None:
-        raise PocInputError("model", f"{type(model).__name__} has no decoder layer list to reflect")
-    return found
-
-
-def _decoder_layers(model: torch.nn.Module):
-    """The decoder layer list; on a pipeline stage it is the whole model's, other stages' layers placeholders."""
-    return _require_layers(model)[1]
-
-
-def own_layers(model: torch.nn.Module) -> range:
-    """Global indices of the decoder layers this pipeline stage holds (vLLM's start_layer/end_layer; all of them
-    without pipeline parallel)."""
-    holder, layers = _require_layers(model)
-    return range(int(getattr(holder, "start_layer", 0)), int(getattr(holder, "end_layer", len(layers))))
-
-
-def _reflect_output(vector: torch.Tensor):
-    def hook(_module, _inputs, output):
-        if isinstance(output, tuple):
-            if len(output) >= 2:
-                hidden, residual = output[0], output[1]
-                if (hidden.shape == residual.shape and hidden.dtype == residual.dtype
-                        and cuda_kernels.can_reflect_rows(hidden, vector)
-                        and cuda_kernels.can_reflect_rows(residual, vector)):
-                    return (*cuda_kernels.reflect_pair(hidden, residual, vector), *output[2:])
-                return (reflect(hidden, vector), reflect(residual, vector), *output[2:])
-            return (reflect(output[0], vector),)
-        return reflect(output, vector)
-    return hook
-
-
-@contextmanager
-def reflection_hooks(model: torch.nn.Module, vectors: torch.Tensor):
-    """Reflects every decoder layer's (hidden, residual) output with that layer's Householder vector.
-
-    vLLM layers return (hidden, residual) and the true residual stream is their sum, so reflecting both equals
-    reflecting the whole stream after every layer (reflection is linear).
-
-    Under pipeline parallel only this stage's layers are hooked; `vectors` is indexed by global layer index.
-    """
-    layers = _decoder_layers(model)
-    handles = []
-    try:
-        for i in own_layers(model):
-            layer = layers[i]
-            if isinstance(layer, torch.nn.Module) and type(layer).__name__ != "PPMissingLayer":
-                handles.append(layer.register_forward_hook(_reflect_output(vectors[i])))
-        yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def _sync(device: torch.device) -> None:
@@ -115,9 +42,9 @@ class PocWorkerExtension:
     model_runner: Any
     vllm_config: Any
     device: Any
-    # Set by poc_prepare_overlap on CUDA: the streams launched forwards run on (poc/streams.py).
+    # Set by poc_prepare_overlap on CUDA: the streams launched forwards run on (streams.py).
     _poc_streams: Any = None
-    # Set with the streams unless POCSERVE_POC_GRAPHS=0: the captured forwards (poc/graphs.py).
+    # Set with the streams unless POCSERVE_POC_GRAPHS=0: the captured forwards (graphs.py).
     _poc_graphs: graphs.PocGraphs | None = None
 
     @property
@@ -144,7 +71,7 @@ class PocWorkerExtension:
         """[start, end) global indices of the decoder layers this rank holds; None if the model has no decoder
         layer list (the engine refuses to start then: PoC could not reflect anything)."""
         model = self.model_runner.get_model()
-        if _find_layers(model) is None:
+        if find_layers(model) is None:
             return None
         layers = own_layers(model)
         return layers.start, layers.stop
@@ -153,8 +80,6 @@ class PocWorkerExtension:
                          nonces: list[int], seq_len: int, stronger_rng: bool) -> torch.Tensor | None:
         """The batched prefill with the round's reflections, queued on the current stream: the last position's
         hidden state [B, H] on the last pipeline stage, None on the others."""
-        from poc import forward  # vLLM imports stay out of the engine-free poc modules
-
         model = self.model_runner.get_model()
         x, vectors = self._poc_inputs(device, block_hash, public_key, nonces, seq_len, stronger_rng,
                                       forward.is_first_stage())
@@ -179,7 +104,7 @@ class PocWorkerExtension:
 
     def _poc_vectors(self, device, block_hash: str) -> torch.Tensor:
         cfg = self.vllm_config
-        num_layers = len(_decoder_layers(self.model_runner.get_model()))
+        num_layers = len(decoder_layers(self.model_runner.get_model()))
         # reflect() casts v to the activation dtype anyway; casting once here saves two copies per layer.
         vectors = self._householder(block_hash, num_layers, int(cfg.model_config.get_hidden_size()), device)
         return vectors.to(cfg.model_config.dtype)
@@ -202,7 +127,7 @@ class PocWorkerExtension:
     # --- PoC beside chat: the forward queued on a low-priority stream while chat steps go on (backend/engine/poc.py)
 
     def poc_prepare_overlap(self, chat_share: float) -> dict | None:
-        """Sets up the streams of forwards launched beside chat (poc/streams.py) and says what it made; None off
+        """Sets up the streams of forwards launched beside chat (streams.py) and says what it made; None off
         CUDA (a forward then runs when it is launched, as poc_artifacts)."""
         device = self._device()
         if device.type != "cuda":
@@ -217,14 +142,12 @@ class PocWorkerExtension:
                    seq_len: int, k_dim: int, stronger_rng: bool, is_chat_running: bool, budget_s: float) -> bool:
         """Starts queueing one forward (poc_artifacts' arguments): as many decoder layers as `budget_s` of host
         time allows, the rest in poc_poll calls, which also collect it. Beside running chat it takes only PoC's
-        share of the SMs (poc/streams.py); a shape's forwards after its first are replayed from a CUDA graph where
-        one can be made (poc/graphs.py). It may be launched while the previous forward runs, once that one is
+        share of the SMs (streams.py); a shape's forwards after its first are replayed from a CUDA graph where
+        one can be made (graphs.py). It may be launched while the previous forward runs, once that one is
         wholly queued: it runs after it, on the same blocks. Returns whether it is wholly queued."""
         if self._poc_in_flight and not self._poc_in_flight[-1].forward.is_queued:
             raise RuntimeError("the PoC forward in flight is not wholly queued yet")
-        from poc.forward import LayerwiseForward, is_first_stage  # vLLM imports, as in _poc_last_hidden
-
-        if not is_first_stage():
+        if not forward.is_first_stage():
             raise RuntimeError("PoC forwards beside chat run on one pipeline stage only")
         device = self._device()
         stream, carveout = (None, 0) if self._poc_streams is None else self._poc_streams.for_launch(is_chat_running)
@@ -251,10 +174,10 @@ class PocWorkerExtension:
             if self._poc_graphs is not None:
                 # A graph replays on the stream (and SMs) it was captured on.
                 key = ("alone" if stream is self._poc_streams.alone else "beside", len(nonces), seq_len)
-                fwd = self._poc_graphs.launch(key, self, block_ids, fill_inputs, vectors, _reflect_output)
+                fwd = self._poc_graphs.launch(key, self, block_ids, fill_inputs, vectors, reflect_output)
             if fwd is None:
-                fwd = LayerwiseForward(self.model_runner, self.vllm_config, self.model_runner.get_model(), block_ids,
-                                       fill_inputs(), vectors, _reflect_output)
+                fwd = forward.LayerwiseForward(self.model_runner, self.vllm_config, self.model_runner.get_model(),
+                                               block_ids, fill_inputs(), vectors, reflect_output)
         f = _InFlight(fwd, stream, carveout, block_hash, public_key, nonces, k_dim)
         self._poc_in_flight.append(f)
         return self._poc_advance(f, budget_s)
@@ -331,7 +254,7 @@ class PocWorkerExtension:
 class _InFlight:
     """A forward launched beside chat, until poc_poll collects it."""
 
-    forward: Any  # poc.forward.LayerwiseForward
+    forward: Any  # forward.LayerwiseForward, or graphs.GraphedForward for a replay
     stream: Any  # None off CUDA: the forward ran as it was queued
     carveout: int
     block_hash: str

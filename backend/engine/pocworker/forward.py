@@ -1,6 +1,6 @@
 """A batched causal prefill of given input embeddings through vLLM's model runner, on leased KV blocks.
 
-Runs inside the worker (see poc/worker.py). Follows vLLM's own metadata construction (gpu_model_runner
+Runs inside the worker (see extension.py). Follows vLLM's own metadata construction (gpu_model_runner
 _build_attention_metadata), with positions 0..L-1 for every sequence and no previously computed tokens.
 Under pipeline parallel it runs on every stage as vLLM's Worker.execute_model does: the first stage takes the
 input embeddings, the others receive the previous stage's IntermediateTensors, every stage but the last sends
@@ -22,6 +22,7 @@ from vllm.sequence import IntermediateTensors
 from vllm.v1.attention.backend import CommonAttentionMetadata
 
 from backend.engine import compat
+from backend.engine.pocworker.hooks import own_layers, reflection_hooks
 from poc.rng import host_to_device
 
 # vLLM dispatches RMSNorm through IR ops whose default priority is "native" when the engine compiles with
@@ -101,8 +102,6 @@ class LayerwiseForward:
         self._hidden: Any = x.reshape(self.num_seqs * self.seq_len, hidden_size)
         self._residual: Any = None
         self._stack: Any = getattr(model, "model", None)
-        from poc.worker import own_layers
-
         self._next, self._end = (own_layers(model).start, own_layers(model).stop)
         self.last_hidden: torch.Tensor | None = None  # [B, H] float32 once every layer is queued
 
@@ -133,8 +132,6 @@ class LayerwiseForward:
         return self.is_queued
 
     def _whole(self) -> None:
-        from poc.worker import reflection_hooks
-
         with reflection_hooks(self._model, self._vectors):
             self._done(self._model(input_ids=None, positions=self.prefill.positions, intermediate_tensors=None,
                                    inputs_embeds=self._hidden))
@@ -184,7 +181,7 @@ def block_tables(mr, cfg, block_ids: list[int], num_seqs: int, seq_len: int) -> 
 
 
 def prefill(mr, cfg, block_ids: list[int], num_seqs: int, seq_len: int) -> Prefill:
-    """The prefill's positions and metadata on the leased blocks, built fresh (see poc/worker.py)."""
+    """The prefill's positions and metadata on the leased blocks, built fresh (see extension.py)."""
     device = mr.device
     pos = torch.arange(seq_len)
     qsl = torch.arange(num_seqs + 1, dtype=torch.int32) * seq_len

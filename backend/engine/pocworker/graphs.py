@@ -33,6 +33,7 @@ import structlog
 import torch
 
 from backend.engine import compat
+from backend.engine.pocworker.forward import LayerwiseForward, block_tables, prefill
 
 log = structlog.get_logger(__name__)
 
@@ -61,7 +62,7 @@ class Captured:
     graph: Any  # torch.cuda.CUDAGraph
     x: torch.Tensor  # [B, L, H] inputs, written before each replay
     vectors: torch.Tensor  # [num_layers, H] Householder vectors in the model dtype
-    # poc.forward.Prefill: its device block tables and slot maps are rewritten for other blocks; the rest
+    # forward.py's Prefill: its device block tables and slot maps are rewritten for other blocks; the rest
     # (positions, query start locations, sequence lengths) must live as long as the graph, which holds addresses.
     metadata: Any
     block_ids: list[int]  # the blocks its tables hold now
@@ -69,7 +70,7 @@ class Captured:
     _poc_workspace: Any = None  # its MoE workspace (compat.own_workspace), alive as long as the graph
 
     def replay(self, tables: list[tuple[torch.Tensor, torch.Tensor]] | None, vectors: torch.Tensor) -> None:
-        """Queues the forward on the current stream; `tables` (host, as poc.forward.block_tables) when the leased
+        """Queues the forward on the current stream; `tables` (host, as block_tables builds them) when the leased
         blocks changed since the last replay."""
         if tables is not None:
             for pair, host_pair in zip(self.metadata.tables, tables, strict=True):
@@ -82,12 +83,12 @@ class Captured:
 
 
 class GraphedForward:
-    """A replayed forward, shaped like a fully queued poc.forward.LayerwiseForward."""
+    """A replayed forward, shaped like a fully queued LayerwiseForward."""
 
     is_queued = True
 
     def __init__(self, last_hidden: torch.Tensor) -> None:
-        self.last_hidden = last_hidden  # the graph's buffer, until poc/worker.py copies it out
+        self.last_hidden = last_hidden  # the graph's buffer, until extension.py copies it out
         self.is_copied = False
 
     def advance(self, budget_s: float) -> bool:
@@ -135,8 +136,6 @@ class PocGraphs:
             fill_inputs(captured.x)
             tables = None
             if block_ids != captured.block_ids:
-                from poc.forward import block_tables
-
                 tables = block_tables(worker.model_runner, worker.vllm_config, block_ids, num_seqs, seq_len)
                 captured.block_ids = list(block_ids)
             captured.replay(tables, vectors)
@@ -146,8 +145,6 @@ class PocGraphs:
     def _capture(self, worker, block_ids: list[int], num_seqs: int, seq_len: int, fill_inputs,
                  vectors: torch.Tensor, reflect) -> Captured:
         """Captures the forward on the current stream (nothing runs yet) with the inputs already in its buffers."""
-        from poc.forward import LayerwiseForward, prefill
-
         if torch.cuda.current_stream() == torch.cuda.default_stream():
             # Checked first: torch's capture_begin raises on it only after it has marked the RNG as capturing,
             # and every later sampling step then fails ("Offset increment outside graph capture").
