@@ -99,9 +99,9 @@ class PocRunner:
         """Starts one forward over a prefix of `nonces` (as `run`) beside chat's steps and returns how many it
         took: the workers queue its first decoder layers in `budget_s` of host time, `poll` the rest and then
         collects it. Its blocks stay leased until then, whatever `release` is asked. Beside running chat the
-        forward takes only PoC's share of the device (backend/engine/pocworker/streams.py). While `can_launch`, a second may be
-        launched behind the first: it runs after it, so the device never waits for the engine thread to collect
-        one forward and launch the next."""
+        forward takes only PoC's share of the device (backend/engine/pocworker/streams.py). While `can_launch`, a
+        second may be launched behind the first: it runs after it, so the device never waits for the engine thread
+        to collect one forward and launch the next."""
         assert self.can_launch, f"{len(self._in_flight)} PoC forwards in flight, the newest not wholly queued"
         nonces, block_ids = self._lease_for(job, nonces)
         spec = job.spec
