@@ -55,7 +55,7 @@ class ChatRequests:
         self._send = send
         self._on_ready = on_ready
         self.is_ready = False
-        # True while a mining round holds the engine in exclusive mode: chat answers 503 (spec §7).
+        # True while a mining round holds the engine in exclusive mode: chat answers the fork's 503 (`gate_error`).
         self.is_gated = False
         # engine request id ("<frontend identity hex>-<rid>", vLLM's external id) → owner.
         self.preparing: dict[str, Owner] = {}

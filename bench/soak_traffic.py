@@ -4,10 +4,11 @@ A stream's outcome is `ok` (a `finish_reason`, a usage chunk with the requested 
 `failed` (an HTTP error, an SSE error event, or a malformed completion: an answer, but a wrong one) or `lost`
 (the response started and then ended, broke or stalled past the read timeout without a terminal event).
 
-PoC traffic follows the network's phases (spec §9.2–9.3): a mining round, then /stop, then validation jobs
-for nonces sampled from what that round delivered through its /generated callbacks. Validations are not
-submitted during a round on purpose: jobs wait while a round is active and /stop cancels the queued ones
-(spec §2.3, §2.7), so a validation queued mid-round would never be answered, by design.
+PoC traffic follows the network's phases (dapi's generation phase, then its validation phase): a mining round,
+then /stop, then validation jobs for nonces sampled from what that round delivered through its /generated
+callbacks. Validations are not submitted during a round on purpose: in the fork jobs wait while a round is active,
+and /stop cancels the queued ones there and here (docs/decisions.md, "Validation jobs run beside a mining round"),
+so a validation queued mid-round may never be answered, by design.
 """
 
 from __future__ import annotations
@@ -201,7 +202,7 @@ def summarize_pow(driver: PowDriver) -> dict:
     for r in driver.rounds:
         nonces = generated.get(r["block_hash"], [])
         unique = set(nonces)
-        missing = (max(unique) + 1 - len(unique)) if unique else 0  # node 0 of 1: nonce x is x (spec §2.4)
+        missing = (max(unique) + 1 - len(unique)) if unique else 0  # node 0 of 1: nonce x is x (poc/nonces.py)
         short = max(0, r["total_processed"] - len(unique))
         num_gaps += missing + short
         rounds.append({**r, "delivered": len(unique), "duplicates": len(nonces) - len(unique),

@@ -31,7 +31,7 @@ PHASE = re.compile(r"took|takes|finished in|time: |Compiling|Directly load|load 
                    r"|Starting to load|engine_ready|processor_ready|engine_starting|backend_socket_bound"
                    r"|backend_serving|frontend_connected")
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z?")  # ours: ISO, UTC
-# vLLM's own format where its loggers are not routed through ours: "INFO 11-25 20:35:28 [file.py:N]", local time
+# vLLM's own format where its loggers are not routed through ours: "INFO 11-25 20:35:28 [<file>.py:<line>]", local time
 VLLM_STAMP = re.compile(r"^(?:\(\w+[^)]*\) )?(?:DEBUG|INFO|WARNING|ERROR) (\d\d-\d\d \d\d:\d\d:\d\d) ")
 
 

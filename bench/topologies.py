@@ -10,7 +10,7 @@ One topology at a time, a backend and a frontend start with its sizes, compute t
 POST /api/v1/pow/generate (wait: true; a warm-up job first, then the timed one, whose rate is reported) and stop.
 Then for every pair: L2 mean, p99 and max over the nonces, the fraction over each distance threshold, and the
 verdict of the binomial test (poc/validation.py) a validator on one topology would reach on a prover on the other,
-over all the nonces, at the spec's code defaults and at the chain's production values (spec §3). On the CPU
+over all the nonces, at the fork's code defaults and at the chain's production values (poc/validation.py). On the CPU
 engine every rank gets a core of its own when there are enough, and shares them otherwise.
 """
 
@@ -33,7 +33,7 @@ from poc.artifacts import vector_l2
 from poc.validation import StatTest, fraud_test
 
 NODE = {"block_hash": "TOPOLOGIES", "block_height": 1, "public_key": "bench_key", "node_id": 0, "node_count": 1}
-# (name, stat test): the spec's code defaults, and the chain's production values (spec §3, §9).
+# (name, stat test): the fork's code defaults, and the chain's production values (what dapi sends).
 STAT_TESTS = (("defaults", StatTest()),
               ("chain", StatTest(dist_threshold=0.4, p_mismatch=0.1, fraud_threshold=0.05)))
 _TOPOLOGY = re.compile(r"^(?:tp(\d+))?(?:x?pp(\d+))?(ep)?$")

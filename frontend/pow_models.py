@@ -1,8 +1,8 @@
 """Pydantic models of the Gonka PoC request bodies (/api/v1/pow/*) and their pure conversion to wire structs.
 
 Validation at the HTTP edge only: the backend decides everything else (params check, gating, queue cap,
-whether the validation nonces match). Shapes and defaults follow spec/reference-behavior.md §2.2: `params`
-forbids extra keys, the top-level bodies ignore them (as the fork does).
+whether the validation nonces match). Shapes and defaults are the fork's (tests/unit/test_frontend_pow_models.py):
+`params` forbids extra keys, the top-level bodies ignore them.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ class ValidationModel(BaseModel):
 
 
 class StatTestModel(BaseModel):
-    """Every field optional; unset ones take the code defaults (spec §3).
+    """Every field optional; unset ones take the fork's code defaults (poc/validation.py `StatTest`).
 
     The network client sends `p_value_threshold` where the fork read `fraud_threshold` (and silently ignored
     the other name): both are accepted here and mean the same threshold.

@@ -1,6 +1,6 @@
 """The server-sent events of a streamed /v1/responses answer, pure: vLLM's SimpleStreamingEventProcessor
-(vllm/entrypoints/openai/responses/streaming_events.py) over wire Deltas, framed as its api_router.py frames them
-(`event: <type>` then `data: <json>`, no [DONE]).
+(vllm/entrypoints/openai/responses/streaming_events.py) over wire Deltas, framed as its router
+(vllm/entrypoints/openai/responses/api_router.py) frames them (`event: <type>` then `data: <json>`, no [DONE]).
 
 response.created and response.in_progress (the response, in progress, no output), then per output item:
 output_item.added, its part added, text deltas, text done, part done, output_item.done; response.completed (the

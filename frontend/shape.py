@@ -8,7 +8,7 @@ both the names vllm serve has used (`reasoning_content`, `reasoning`).
 usage.prompt_tokens_details (with --enable-prompt-tokens-details) is vllm serve's: in a whole response and in the
 closing usage chunk of a stream, never in continuous usage chunks; counted from the engine output a stream began
 with, or the one a whole response ended with (vllm/entrypoints/openai/chat_completion/serving.py and
-completion/serving.py, 0.26 and 0.29 alike).
+vllm/entrypoints/openai/completion/serving.py, 0.26 and 0.29 alike).
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ def available(t: torch.Tensor) -> bool:
 if triton is not None:
     @triton.jit
     def _mul32(x, c: tl.constexpr):
-        return x * tl.full((), c, tl.uint32)  # uint32 arithmetic wraps mod 2^32, as the spec's murmur does
+        return x * tl.full((), c, tl.uint32)  # uint32 arithmetic wraps mod 2^32, as the fork's murmur does
 
     @triton.jit
     def _rotl32(x, r: tl.constexpr):

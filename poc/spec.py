@@ -10,7 +10,7 @@ from protocol.pow import NodeIdentity, PowParams
 
 @dataclass(frozen=True)
 class PocSpec:
-    """Everything besides the nonce that decides an artifact (spec §1): seeds, sequence length, k, RNG."""
+    """Everything besides the nonce (and the model) that decides an artifact: seeds, sequence length, k, RNG."""
 
     block_hash: str
     public_key: str

@@ -1,8 +1,9 @@
 """Vector transforms of PoC v2: Householder reflection, the k-dim pick, the Haar rotation, normalisation.
 
-Spec §1.7 and §1.8 steps 3–7, batched over nonces (one row per nonce). The pick reproduces the order in
-which CUDA `torch.topk(sorted=False)` returns the chosen indices, explicitly and on every device, because
-CPU topk orders them differently and the order is baked into the artifact bytes.
+The per-layer reflection and steps 3–7 of the artifacts (docs/architecture.md, "PoC v2 artifacts, step by step"),
+batched over nonces (one row per nonce). The pick reproduces the order in which CUDA `torch.topk(sorted=False)`
+returns the chosen indices, explicitly and on every device, because CPU topk orders them differently and the order
+is baked into the artifact bytes.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def pick_indices(
     k_dim: int,
     device: torch.device | str,
 ) -> torch.Tensor:
-    """The k_dim chosen hidden dims of each nonce, in GPU order: int64 [B, k_dim] (spec §1.8 steps 4–5)."""
+    """The k_dim chosen hidden dims of each nonce, in GPU order: int64 [B, k_dim] (artifact steps 4–5)."""
     if k_dim <= 0 or k_dim > hidden_size:
         raise PocInputError("k_dim", f"must be in [1, hidden_size={hidden_size}], got {k_dim}")
     seeds = pick_seeds(block_hash, public_key, nonces, k_dim)
@@ -103,7 +104,7 @@ def haar_rotate_seeded(x: torch.Tensor, seeds_by_step: Sequence[Sequence[int]]) 
 def haar_rotate(
     x: torch.Tensor, block_hash: str, public_key: str, nonces: Sequence[int]
 ) -> torch.Tensor:
-    """The per-nonce "Haar" rotation of x [B, k] (spec §1.8 step 6); row b belongs to nonces[b]."""
+    """The per-nonce "Haar" rotation of x [B, k] (artifact step 6); row b belongs to nonces[b]."""
     if x.ndim != 2 or x.shape[0] != len(nonces):
         raise PocInputError("nonces", f"need one row per nonce, got x {tuple(x.shape)} for {len(nonces)} nonces")
     k = x.shape[1]

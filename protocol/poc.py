@@ -6,18 +6,18 @@ import msgspec
 
 from protocol.common import ErrorInfo
 
-# Artifact dimensions when a request does not say (spec §1.8, §2.2).
+# k_dim when a request does not say: the fork's default.
 DEFAULT_K_DIM = 12
 
 
 class Artifact(msgspec.Struct, kw_only=True):
     nonce: int
-    # fp16 little-endian vector, standard base64 (spec §1.8).
+    # fp16 little-endian vector, standard base64 (poc/artifacts.py).
     vector_b64: str
 
 
 class Encoding(msgspec.Struct, kw_only=True):
-    """How `vector_b64` is encoded, as every artifact list states it (spec §1.8, §2.6)."""
+    """How `vector_b64` is encoded, as every artifact list states it (the fork's `encoding` field)."""
 
     dtype: str = "f16"
     k_dim: int = DEFAULT_K_DIM
@@ -38,6 +38,6 @@ class PocArtifactsRequest(msgspec.Struct, tag="poc.artifacts", kw_only=True):
 
 class PocArtifactsReply(msgspec.Struct, tag="poc.artifacts_done", kw_only=True):
     rid: str
-    # In request order; nonces whose hidden state was not finite are missing (spec §1.9).
+    # In request order; nonces whose hidden state was not finite are missing (poc/artifacts.py drops them).
     artifacts: list[Artifact] = []
     error: ErrorInfo | None = None

@@ -20,7 +20,7 @@ class PowParams(msgspec.Struct, kw_only=True):
 
 
 class NodeIdentity(msgspec.Struct, kw_only=True):
-    """The node a PoC request is for (spec §2.2): the one declaration of these fields on the wire."""
+    """The node a PoC request is for (the fork's request fields): the one declaration of these fields on the wire."""
 
     block_hash: str
     # Only echoed (in /status and callbacks).

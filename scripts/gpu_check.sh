@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the GPU checks on a CUDA machine with the staged vLLM 0.26 bundle (see ../shared/gpu/README.md).
+# Runs the GPU checks on a CUDA machine with vLLM 0.26 from a wheel bundle staged in .stage/ (a machine without a
+# package index; the bundle is built outside this repository).
 #   bash scripts/gpu_check.sh tests    # the device-agnostic integration suite + tests/gpu on the CUDA engine
 #                                      # (tests/gpu/test_tensor_parallel.py needs two GPUs, skipped on one)
 #   bash scripts/gpu_check.sh bench-poc       # PoC forward (0.6B shape) vs bare forward, mining via HTTP vs direct

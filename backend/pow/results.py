@@ -1,5 +1,6 @@
 """The PoC API's results, typed: what a finished job stores, how the frontend sees it, and the callback bodies
-(spec §2.5, §2.6). All msgspec structs: the job store and the callback outbox persist them as JSON with msgspec."""
+(the fork's; docs/decisions.md, "Callback bodies are three structs"). All msgspec structs: the job store and the
+callback outbox persist them as JSON with msgspec."""
 
 from __future__ import annotations
 
@@ -23,13 +24,13 @@ class ArtifactsResult(msgspec.Struct, kw_only=True):
 JobResult = ArtifactsResult | ValidationOutcome
 
 
-# The callback bodies, field for field in the fork's order (spec §2.5, §2.6): three JSON shapes that share the
-# node fields the bodies echo (NodeIdentity without node_count).
+# The callback bodies, field for field in the fork's order (pinned by tests/integration/pow_util.py): three
+# JSON shapes that share the node fields the bodies echo (NodeIdentity without node_count).
 _ECHOED = ("public_key", "block_hash", "block_height", "node_id")
 
 
 class MinedBody(msgspec.Struct, kw_only=True):
-    """POST {url}/generated from a mining round: one or more batches, no request_id (spec §2.5)."""
+    """POST {url}/generated from a mining round: one or more batches, no request_id (as the fork's)."""
 
     public_key: str
     block_hash: str
@@ -40,7 +41,7 @@ class MinedBody(msgspec.Struct, kw_only=True):
 
 
 class GeneratedBody(msgspec.Struct, kw_only=True):
-    """POST {url}/generated: a compute job's artifacts (spec §2.6)."""
+    """POST {url}/generated: a compute job's artifacts."""
 
     request_id: str
     block_hash: str
@@ -52,7 +53,7 @@ class GeneratedBody(msgspec.Struct, kw_only=True):
 
 
 class ValidatedBody(msgspec.Struct, kw_only=True):
-    """POST {url}/validated: a validation job's verdict (spec §2.6)."""
+    """POST {url}/validated: a validation job's verdict."""
 
     request_id: str
     block_hash: str

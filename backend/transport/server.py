@@ -8,9 +8,9 @@ Threads and ownership (a zmq socket is used by exactly one thread):
   wake-up socket pair that the io thread polls with its sockets. So a reply is one thread hop from the engine thread to
   the wire (a separate encode thread cost a second wake-up on every message: ~0.1 ms a hop on a loaded machine),
   and the engine thread never touches a socket and never encodes.
-With CURVE on, the io thread also runs the ROUTER's CurveGate (ZAP handler and handshake monitor, backend/curve.py).
-The io thread also keeps every peer's last-seen time (backend/peers.py): a peer silent past the timeout is forgotten
-and a FrontendLost event goes to the loop, which aborts that peer's requests.
+With CURVE on, the io thread also runs the ROUTER's CurveGate (ZAP handler and handshake monitor,
+backend/transport/curve.py). The io thread also keeps every peer's last-seen time (backend/transport/peers.py): a peer
+silent past the timeout is forgotten and a FrontendLost event goes to the loop, which aborts that peer's requests.
 """
 
 from __future__ import annotations

@@ -57,9 +57,9 @@ def large(request, tmp_path_factory):
 
 
 def test_large_shape_artifacts_match_cpu_engine(large, record_property):
-    """The bulk of the nonces agree within the spec's 0.02, and a validator with the chain's thresholds passes the
+    """The bulk of the nonces agree within the fork's 0.02, and a validator with the chain's thresholds passes the
     GPU prover. A MoE nonce whose router scores nearly tie can take another expert on the other device and jump
-    (docs/decisions.md, "MoE near-tie routing"), so the spec's code default of 0.02 is not asserted per nonce."""
+    (docs/decisions.md, "MoE near-tie routing"), so the fork's code default of 0.02 is not asserted per nonce."""
     from bench.topologies import compare
     golden, raw, backend = large
     for case in golden["cases"]:

@@ -27,13 +27,13 @@ from bench.prom import totals
 from tests.integration.pow_util import Receiver, artifacts_of, generate, node, params, status, stop, wait_until
 from tests.stack import REPO, free_port
 
-# The ML node's timeout between SIGINT and SIGKILL (runner.py TERMINATION_TIMEOUT).
+# The ML node's timeout between SIGINT and SIGKILL (its vLLM runner's TERMINATION_TIMEOUT).
 ML_NODE_TERMINATION_S = 20.0
 HEARTBEAT = ("vllm:iteration_tokens_total_count", "vllm:num_requests_running", "vllm:num_requests_waiting")
 
 
 def heartbeat(base_url: str) -> dict[str, float] | None:
-    """The three series as the ML node reads them (runner.py _scrape_heartbeat); None while any is missing."""
+    """The three series as the ML node reads them (its vLLM runner's _scrape_heartbeat); None while any is missing."""
     try:
         text = httpx.get(f"{base_url}/metrics", timeout=3).text
     except httpx.HTTPError:

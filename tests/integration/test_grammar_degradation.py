@@ -1,5 +1,5 @@
-"""Grammar graceful degradation on the embedded engine: our versions of spec §8.6
-(`test_live_grammar_degradation.py`), checked against §6.
+"""Grammar graceful degradation on the embedded engine: our versions of the fork's live tests
+(tests/gonka/test_live_grammar_degradation.py), checked against sampling/grammar.py's rule.
 
 The tiny model is random, so its JSON never gets past the first string value: after `{"key": "` the grammar
 allows almost any token. A token the grammar must reject is therefore picked by context: a raw control
@@ -100,7 +100,7 @@ def _rejected_token(tokenizer: Tokenizer, ids: list[int], at: int) -> str:
 
 @pytest.mark.parametrize("where", ["middle", "after_brace"])
 def test_04_rejected_enforced_token_disables_grammar_without_failing(stack, runs, tokenizer, where):
-    """§6: the first rejected enforced token turns the request's grammar off instead of failing it. Our
+    """The first rejected enforced token turns the request's grammar off instead of failing it. Our
     deviation from the fork's caveat: after that, the bitmask row is all-allowed (no stale mask), so no
     later position of this processed-mode replay shows a masked top logprob."""
     b, inf, _ = runs("animal", replay=False)  # its honest replay comes in test 05, after this one
@@ -122,7 +122,7 @@ def test_04_rejected_enforced_token_disables_grammar_without_failing(stack, runs
 
 
 def test_04_out_of_vocab_token_with_grammar_is_400(stack, runs):
-    """§8.6 test 04 literally ("99999"): outside our 512-token vocabulary, so refused before the engine."""
+    """The fork's test 04 literally ("99999"): outside our 512-token vocabulary, so refused before the engine."""
     b, inf, _ = runs("animal", replay=False)
     bad = replay_body(b, inf)
     bad["enforced_tokens"]["tokens"][len(tokens(inf)) // 2]["token"] = "99999"

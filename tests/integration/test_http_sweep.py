@@ -62,7 +62,7 @@ def server(model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def schema(server):
-    # An explicit config: no schemathesis.toml found on disk changes what the sweep does.
+    # An explicit config: no schemathesis config file found on disk changes what the sweep does.
     config = SchemathesisConfig.from_dict({"generation": {"deterministic": True, "database": "none"}})
     return schemathesis.openapi.from_url(f"{server.base_url}/openapi.json", config=config)
 

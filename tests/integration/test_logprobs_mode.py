@@ -1,5 +1,6 @@
-"""Logprobs modes on the embedded engine: our versions of spec §8.4 (`test_live_logprobs_mode.py`), plus the
-§5 on-validation classifier as a decision table driven through the API.
+"""Logprobs modes on the embedded engine: our versions of the fork's live tests
+(tests/gonka/test_live_logprobs_mode.py), plus the on-validation classifier (sampling/classifier.py) as a decision
+table driven through the API.
 
 How a mode is observed: with top_k=2 and top_logprobs=5, processed logprobs (after top-k masking) have 3 of
 the 5 entries at the −9999 clamp on a position (fewer when bf16 logits tie at the k-th value: top-k keeps
@@ -39,7 +40,7 @@ def _mode_seen(resp: dict) -> str:
 
 @pytest.fixture(scope="module")
 def processed_inference(stack):
-    """§8.4 tests 06/07: an inference in processed mode (explicit, same as the deployment default)."""
+    """The fork's tests 06/07: an inference in processed mode (explicit, same as the deployment default)."""
     b = body(stack.model, "Explain gravity in two sentences.", max_tokens=20, ignore_eos=True,
              logprobs_mode=PROCESSED)
     return b, chat(stack.base_url, b)
@@ -51,11 +52,11 @@ def test_01_default_token_format_is_digit_strings(stack):
         assert pos["token"].isdigit() and int(pos["token"]) < 512
         for entry in pos["top_logprobs"]:
             assert entry["token"].isdigit() and int(entry["token"]) < 512
-            assert bytes(entry["bytes"]) == entry["token"].encode()  # §4.3: UTF-8 of the numeric string
+            assert bytes(entry["bytes"]) == entry["token"].encode()  # as the fork: UTF-8 of the numeric string
 
 
 def test_02_raw_and_processed_relate_by_temperature(stack):
-    """§5: processed = log_softmax(logits / T), raw = log_softmax(logits). Same seed → same tokens (the mode
+    """processed = log_softmax(logits / T), raw = log_softmax(logits). Same seed → same tokens (the mode
     changes what is reported, never what is sampled); same top-5 ranking; and for any two tokens the
     processed logprob gap is the raw gap divided by T."""
     t = 0.5
@@ -154,7 +155,7 @@ def test_invalid_fields_are_400_naming_the_param(stack, extra, param):
 
 
 def test_completions_accept_logprobs_mode_but_not_enforced_tokens(stack):
-    """§4.1: logprobs_mode is accepted on /v1/completions; enforced tokens are chat-only."""
+    """As the fork: logprobs_mode is accepted on /v1/completions; enforced tokens are chat-only."""
     url = f"{stack.base_url}/v1/completions"
     base = {"model": stack.model, "prompt": "Once upon a time", "max_tokens": 3, "ignore_eos": True, "top_k": 2,
             "logprobs": 5, "seed": 1}

@@ -1,8 +1,7 @@
 """Qwen3-MoE on the CPU engine: the generated tiny-moe (8 experts, top-2) serves PoC and chat as dense does.
 
 One backend of our own for the module, in shared scheduling mode so that chat runs during a mining round.
-Spec: reference-behavior.md §1 (artifacts, checked against an independent HF-transformers forward), §7
-(shared mode).
+Artifacts are checked against an independent HF-transformers forward (tests/reference_poc.py).
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def test_parallel_cpu_ranks_reserving_more_than_all_ram_is_a_start_error(model_d
 @pytest.fixture(scope="module")
 def opt_model_dir(model_dir, tmp_path_factory) -> Path:
     """A tiny OPT checkpoint (seeded, bf16) with the tiny model's tokenizer: vLLM's OPT keeps its decoder layers
-    at model.decoder.layers, none of the places PoC looks for them (spec §1.7)."""
+    at model.decoder.layers, none of the places PoC looks for them (backend/engine/pocworker/hooks.py)."""
     import torch
     from transformers import OPTConfig, OPTForCausalLM
 

@@ -1,9 +1,10 @@
-"""Validator replay on the embedded engine: our versions of spec §8.2 (`test_live_validation.py`), plus
-§4.1 input rules (vocabulary check, EOS append, text fallback, enforced_str) and batch isolation (§4.2).
+"""Validator replay on the embedded engine: our versions of the fork's live tests (tests/gonka/test_live_validation.py),
+plus the enforced-token input rules of sampling/enforced_input.py (vocabulary check, EOS append, text fallback,
+enforced_str) and batch isolation (sampling/enforced.py keys enforced ids by request).
 
 Inference bodies use ignore_eos so the random tiny model gives a fixed length. Replays re-send the original
 body (as the Go validator does), so they keep ignore_eos and max_tokens: with the same max_tokens the
-appended EOS (§4.1) is never reached, and keeping ignore_eos means an EOS the inference happened to sample
+appended EOS is never reached, and keeping ignore_eos means an EOS the inference happened to sample
 mid-sequence does not end the replay early.
 """
 
@@ -42,7 +43,7 @@ def client(stack) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def gravity(stack):
-    """(body, response) of the §8.2 test 01 inference: 40 tokens."""
+    """(body, response) of the fork's tests/gonka/test_live_validation.py test 01 inference: 40 tokens."""
     b = body(stack.model, GRAVITY, max_tokens=40, ignore_eos=True)
     return b, chat(stack.base_url, b)
 
@@ -67,7 +68,8 @@ def short(stack):
 
 def test_01_honest_replay_distance_below_threshold(gravity, gravity_replay):
     # Not exactly 0 (≈1e-4): the inference ran in the default processed mode, but its top ids hold no
-    # padding (no grammar, no top-k), so the §5 classifier replays it in raw mode, without the 1/0.99.
+    # padding (no grammar, no top-k), so the classifier (sampling/classifier.py) replays it in raw mode, without the
+    # 1/0.99.
     _, inf = gravity
     assert tokens(gravity_replay) == tokens(inf)
     d = dist(inf, gravity_replay)
@@ -78,7 +80,7 @@ def test_01_honest_replay_distance_below_threshold(gravity, gravity_replay):
 def test_06_top_logprobs_5_has_five_entries_and_enforced_first(gravity, gravity_replay):
     for pos in positions(gravity_replay):
         assert len(pos["top_logprobs"]) == 5
-        assert pos["top_logprobs"][0]["token"] == pos["token"]  # §4.3: the enforced token comes first
+        assert pos["top_logprobs"][0]["token"] == pos["token"]  # as the fork: the enforced token comes first
         assert pos["logprob"] == pos["top_logprobs"][0]["logprob"]
 
 
@@ -145,7 +147,7 @@ def test_10_honest_replay_of_100_tokens(stack):
 
 
 def test_07_out_of_vocab_token_is_400_naming_enforced_tokens(stack, short, client):
-    """§4.1: "99999" is inside Qwen's vocabulary (the fork's 200) but outside our 512 tokens: like the
+    """"99999" is inside Qwen's vocabulary (the fork's 200) but outside our 512 tokens: like the
     gonka-poc plugin we reject it, with the param the Go validator reads as "invalid" (not autopass)."""
     b, inf = short
     bad = replay_body(b, inf)
@@ -164,7 +166,7 @@ def test_07_out_of_vocab_token_is_400_naming_enforced_tokens(stack, short, clien
 
 @pytest.mark.parametrize("where", ["position_1", "every_3rd"])
 def test_07_08_in_vocab_corruption_is_followed_and_engine_survives(stack, short, where):
-    """§8.2 tests 07/08 with an in-vocabulary corrupt id: the replay succeeds, pins the corrupt tokens,
+    """The fork's tests 07/08 with an in-vocabulary corrupt id: the replay succeeds, pins the corrupt tokens,
     and the distance shows the mismatch (different token lists are not comparable)."""
     b, inf = short
     bad = replay_body(b, inf)
@@ -181,7 +183,7 @@ def test_07_08_in_vocab_corruption_is_followed_and_engine_survives(stack, short,
 
 
 def test_enforced_list_ends_with_appended_eos(stack, short):
-    """§4.1: EOS is appended and then repeated, so a replay allowed more tokens (and without ignore_eos)
+    """As the fork: EOS is appended and then repeated, so a replay allowed more tokens (and without ignore_eos)
     stops right after the enforced list, at EOS."""
     b, inf = short
     val = chat(stack.base_url, replay_body(b, inf, max_tokens=30, ignore_eos=None))
@@ -191,7 +193,7 @@ def test_enforced_list_ends_with_appended_eos(stack, short):
 
 
 def test_text_tokens_fall_back_to_the_tokenizer(stack):
-    """§4.1: a position with any non-numeric string is tokenised (first id of each encoding); a fully
+    """As the fork: a position with any non-numeric string is tokenised (first id of each encoding); a fully
     numeric position is taken as ids. 'a' and 'b' are single byte tokens 97/98 in the tiny vocabulary."""
     payload = body(stack.model, "Hi", max_tokens=3, enforced_tokens={"tokens": [
         {"token": "a", "top_tokens": ["b", "7"]},      # mixed → whole position tokenised: 97
@@ -228,7 +230,7 @@ async def _stream(client: httpx.AsyncClient, url: str, payload: dict) -> tuple[l
 
 
 async def test_batch_isolation_of_concurrent_replays_and_greedy_requests(stack, short, gravity):
-    """§4.2 "batch mixing": enforced ids are keyed by request. Two replays of different inferences and two
+    """The fork's "batch mixing" hazard: enforced ids are keyed by request. Two replays of different inferences and two
     ordinary greedy requests share the engine's batches; each replay must get exactly its own tokens and
     each greedy request the same tokens as when it ran alone."""
     n = 24

@@ -1,4 +1,5 @@
-"""Unit tests for backend/control.py's frontend registry: Hello registers, forget drops, a ping brings one back."""
+"""Unit tests for backend/transport/control.py's frontend registry: Hello registers, forget drops, a ping brings one
+back."""
 
 from __future__ import annotations
 

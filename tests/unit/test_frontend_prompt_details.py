@@ -1,7 +1,8 @@
 """usage.prompt_tokens_details (--enable-prompt-tokens-details) as vllm serve 0.26/0.29 shapes it: the shapes
 alone, then through the real app over ASGI with a backend stand-in (which engine output's count each mode reads).
 
-vLLM's rules (vllm/entrypoints/openai/chat_completion/serving.py, completion/serving.py): off, no details; on, a
+vLLM's rules (vllm/entrypoints/openai/chat_completion/serving.py, vllm/entrypoints/openai/completion/serving.py):
+off, no details; on, a
 whole response carries PromptTokenUsageInfo dumped with its nulls, the closing usage chunk of a stream carries it
 without them, continuous usage chunks never; chat adds created_cache_tokens, completions do not.
 """

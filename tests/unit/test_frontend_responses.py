@@ -24,7 +24,8 @@ from protocol.generate import ChatMessage, Delta, TokenLogprob, ToolCall, ToolCa
 FMT = TokenFormat(as_ids=False)
 TOOL = {"type": "function", "name": "f", "parameters": {"type": "object"}}
 EVENTS = TypeAdapter(ResponseStreamEvent)
-# vLLM's own reasoning part events (its protocol.py: openai-python has none of that name).
+# vLLM's own reasoning part events (vllm/entrypoints/openai/responses/protocol.py: openai-python has none of that
+# name).
 VLLM_ONLY_EVENTS = {"response.reasoning_part.added", "response.reasoning_part.done"}
 
 

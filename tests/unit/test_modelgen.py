@@ -218,7 +218,7 @@ def test_generate_model_rejects_unknown_options(tmp_path: Path, shape: str, kw: 
 @settings(max_examples=200, deadline=None)
 @given(text=st.text(min_size=1, max_size=200))
 def test_token_byte_bound_holds_for_any_text(tokenizer, text) -> None:
-    """The prompt size pre-check (backend/engine/params.py) may only refuse text that cannot fit."""
+    """The prompt size pre-check (backend/processor/params.py) may only refuse text that cannot fit."""
     pytest.importorskip("vllm")
     from backend.processor.params import max_token_bytes
     ids = tokenizer.encode(text, add_special_tokens=False)

@@ -1,4 +1,4 @@
-"""Unit tests for backend/peers.py: when a silent peer is declared lost (injected clock, no sockets)."""
+"""Unit tests for backend/transport/peers.py: when a silent peer is declared lost (injected clock, no sockets)."""
 
 from __future__ import annotations
 

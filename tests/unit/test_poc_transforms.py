@@ -1,4 +1,4 @@
-"""Reflections, the GPU-order k-dim pick and the Haar rotation (spec §1.8 steps 3–7)."""
+"""Reflections, the GPU-order k-dim pick and the Haar rotation (artifact steps 3–7, poc/transforms.py)."""
 
 import hypothesis.strategies as st
 import numpy as np

@@ -6,7 +6,7 @@ of the first pipeline stage regenerates the inputs itself; later stages receive 
 as in a chat step (forward.py). Each stage reflects only the decoder layers it holds, with their global layer
 indices (hooks.py), and only the last stage returns artifacts.
 
-Invariants (each one cost someone invalid votes, see ARCHITECTURE §9):
+Invariants (each one cost someone invalid votes on the network):
 - attention metadata is built fresh for every forward (a cached one produced all-NaN hidden states);
 - inputs come from a fresh buffer, never a view into KV-cache memory;
 - KV writes go only to blocks the engine thread leased for this forward (never the null block 0);
@@ -56,7 +56,7 @@ class PocWorkerExtension:
         return flights
 
     def _householder(self, block_hash: str, num_layers: int, hidden_size: int, device) -> torch.Tensor:
-        """The round's per-layer vectors, cached: they depend only on the block hash (spec §1.7)."""
+        """The round's per-layer vectors, cached: they depend only on the block hash (poc/seeds.py)."""
         key = (block_hash, num_layers, hidden_size, str(device))
         cached = getattr(self, "_poc_householder", None)
         if cached is None or cached[0] != key:

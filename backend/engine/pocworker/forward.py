@@ -27,8 +27,8 @@ from poc.rng import host_to_device
 
 # vLLM dispatches RMSNorm through IR ops whose default priority is "native" when the engine compiles with
 # inductor, so an eager forward (skip_compiled) would run the unfused PyTorch norm: on an H100 that was about
-# half of the whole PoC forward. The fork ran its norms with vLLM's CUDA kernels (custom_ops "all", spec
-# §1.6), so the PoC forward asks for them; where they do not exist (the CPU build) dispatch falls back to native.
+# half of the whole PoC forward. The fork ran its norms with vLLM's CUDA kernels (its custom_ops default "all"),
+# so the PoC forward asks for them; where they do not exist (the CPU build) dispatch falls back to native.
 EAGER_NORM_PRIORITY = ["vllm_c", "native"]
 
 

@@ -38,7 +38,8 @@ from backend.engine.pocworker.forward import LayerwiseForward, block_tables, pre
 log = structlog.get_logger(__name__)
 
 # Attention metadata whose kernels read the block table and slot map tensors the prefill built, and no tensor
-# derived from them at build time (vLLM 0.26 flash_attn.py build(): with fast_build there is no AOT schedule).
+# derived from them at build time (vLLM 0.26 vllm/v1/attention/backends/flash_attn.py build(): with fast_build there
+# is no AOT schedule).
 GRAPH_SAFE_METADATA = ("FlashAttentionMetadata",)
 # Eager forwards of a shape before it is captured.
 WARMUP_FORWARDS = 1

@@ -1,0 +1,180 @@
+"""Every file a document, comment or docstring of the repository names is in the repository (issue 29, item 5).
+
+What is read: Markdown, TOML and YAML files whole; the comments of shell scripts, Makefiles and Dockerfiles; the
+comments and docstrings of Python files. A path-like token (a name ending in one of the suffixes of `PATH`, with or
+without directories) must name a file of the repository: from its root, from the directory of the file that names
+it, as the end of a repository path, or (a bare name) anywhere in it. Bare data file names (JSON without a
+directory: a model's or an output's files) are not checked. Paths of other projects are allowed only where
+`EXTERNAL` lists them, each with whose they are.
+
+Nor may anything point at the design documents the project was started from, which the repository does not hold,
+or at their section numbers: docs/architecture.md and docs/decisions.md hold those facts now.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import os
+import re
+import tokenize
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Directories that are not the repository's: virtualenvs, caches, models, state, build output.
+_SKIP_DIRS = {"models", "state", "build", "dist", "gpu-out", "__pycache__", "node_modules"}
+_WHOLE = (".md", ".toml", ".yml", ".yaml")
+_COMMENTS_ONLY = (".sh", ".Dockerfile", ".conf")
+
+# A path-like token: optional ./ or ../, directories, a file name with one of these suffixes.
+PATH = re.compile(r"(?<![\w./-])((?:\.\.?/)*[\w.-]*\w(?:/[\w.-]+)*\.(?:py|md|sh|yml|yaml|toml|json))(?![\w/-])")
+
+# Other projects' files that the repository names on purpose, by path prefix or bare name: whose they are.
+EXTERNAL = {
+    "vllm/": "vLLM's source tree (the fork, gonka-ai/vllm, keeps the same layout and adds vllm/poc/)",
+    "tests/gonka/": "the fork's tests (gonka-ai/vllm)",
+    "decentralized-api/": "dapi, the network's node (gonka-ai/gonka)",
+    "mlnode/": "the ML node (gonka-ai/gonka)",
+    "deploy/": "the network's deployment files (gonka-ai/gonka)",
+    "gpu_random.py": "the fork's PoC RNG (gonka-ai/vllm), the source of the golden values",
+}
+
+# Design references that name nothing in the repository: the start-up design and spec documents, their sections.
+DESIGN_REFERENCE = re.compile(
+    r"§\s*\d+(?:\.\d+)*(?:[–-]\d+(?:\.\d+)*)?|\bARCHITECTURE\b|reference-behavior|vllm-integration|\bstyle\.md\b"
+    r"|shared/(?:design|spec|gpu)\b|\bAppendix [A-C]\b|(?i:\bthe spec's\b)")
+
+# Findings in files that concurrent work of issue 29 is rewriting (error handling; dead code and the processor's
+# tests): relative path → the tokens still there. Remove an entry once its file no longer has it (a test fails
+# while an entry is stale).
+PENDING: dict[str, set[str]] = {
+    "backend/engine/poc.py": {"§1.9"},
+    "backend/errors.py": {"ARCHITECTURE", "§7"},
+    "backend/processor/params.py": {"§4.1"},
+    "docs/reliability.md": {"test_loop.py"},
+    "frontend/routes/pow.py": {"reference-behavior", "spec/reference-behavior.md", "§2.3", "api/routes.py"},
+    "poc/artifacts.py": {"§1.8", "§1.9"},
+    "poc/rng.py": {"§1.10", "§1.3", "§1.3–1.5", "§1.4", "§1.5", "§1.7"},
+    "poc/seeds.py": {"§1.2"},
+    "poc/validation.py": {"§3"},
+    "sampling/classifier.py": {"§5"},
+    "sampling/distance.py": {"§4.3", "§4.4"},
+    "sampling/enforced_input.py": {"§4.1"},
+    "tests/integration/replay_util.py": {"§4", "§4.4", "§5", "§6", "§8", "§8.2", "§8.4", "§8.6"},
+    "tests/integration/test_pow_api.py": {"reference-behavior", "reference-behavior.md", "§2", "§2.3", "§7", "§8.1",
+                                          "§8.5"},
+    "tests/unit/test_frontend_pow.py": {"§2.3"},
+    "tests/unit/test_poc_artifacts.py": {"Appendix A"},
+    "tests/unit/test_poc_nonces.py": {"§2.4"},
+    "tests/unit/test_poc_rng.py": {"Appendix A"},
+    "tests/unit/test_poc_seeds.py": {"Appendix A", "§1.2"},
+    "tests/unit/test_poc_validation.py": {"§3"},
+    "tests/unit/test_protocol.py": {"backend/ipc.py"},
+    "tests/unit/test_settings.py": {"§2.9"},
+}
+
+
+def _repo_files() -> Iterator[Path]:
+    for dirpath, dirnames, filenames in os.walk(ROOT):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".") and d not in _SKIP_DIRS
+                       and not d.endswith(".egg-info")]
+        for name in filenames:
+            yield Path(dirpath) / name
+
+
+FILES = sorted(_repo_files())
+RELATIVE = {p.relative_to(ROOT).as_posix() for p in FILES}
+NAMES = {p.name for p in FILES}
+
+
+def _python_text(source: str) -> Iterator[tuple[int, str]]:
+    """(line number, text) of every comment and docstring line."""
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            yield tok.start[0], tok.string
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            doc = ast.get_docstring(node, clean=False)
+            if doc is not None:
+                for i, line in enumerate(doc.splitlines()):
+                    yield node.body[0].lineno + i, line
+
+
+def _text(path: Path) -> Iterator[tuple[int, str]]:
+    source = path.read_text(encoding="utf-8")
+    if path.suffix == ".py":
+        yield from _python_text(source)
+    elif path.name.endswith(_WHOLE):
+        yield from enumerate(source.splitlines(), 1)
+    elif path.name.endswith(_COMMENTS_ONLY) or path.name == "Makefile":
+        for number, line in enumerate(source.splitlines(), 1):
+            if "#" in line:
+                yield number, line[line.index("#"):]
+
+
+def _is_external(token: str) -> bool:
+    return any(token.startswith(key) if key.endswith("/") else token == key for key in EXTERNAL)
+
+
+def _resolves(token: str, source: Path) -> bool:
+    for base in (ROOT, source.parent):
+        candidate = (base / token).resolve()
+        if candidate.is_relative_to(ROOT) and candidate.is_file():
+            return True
+    if "/" not in token:
+        return token in NAMES
+    return any(p.endswith("/" + token) for p in RELATIVE)
+
+
+def findings() -> dict[str, list[tuple[int, str]]]:
+    """Relative path → (line, what) for every missing file named and every design reference."""
+    found: dict[str, list[tuple[int, str]]] = {}
+    for path in FILES:
+        if not (path.suffix == ".py" or path.name.endswith(_WHOLE + _COMMENTS_ONLY) or path.name == "Makefile"):
+            continue
+        relative = path.relative_to(ROOT).as_posix()
+        for number, line in _text(path):
+            for match in PATH.finditer(line):
+                token = match.group(1)
+                if token.endswith(".json") and "/" not in token:
+                    continue
+                if not _is_external(token) and not _resolves(token, path):
+                    found.setdefault(relative, []).append((number, token))
+            for match in DESIGN_REFERENCE.finditer(line):
+                found.setdefault(relative, []).append((number, match.group(0)))
+    return found
+
+
+FINDINGS = findings()
+
+
+def test_every_file_named_is_in_the_repository() -> None:
+    unexpected = [f"{path}:{line}: {what}" for path, items in sorted(FINDINGS.items())
+                  for line, what in items if what not in PENDING.get(path, ())]
+    assert not unexpected, "references to files the repository does not contain, or to design documents it " \
+        "does not hold (point to the file that holds the fact, docs/architecture.md or docs/decisions.md):\n" + \
+        "\n".join(unexpected)
+
+
+def test_pending_entries_are_still_needed() -> None:
+    stale = [f"{path}: {what}" for path, whats in sorted(PENDING.items())
+             for what in sorted(whats) if what not in {w for _, w in FINDINGS.get(path, ())}]
+    assert not stale, "fixed: remove from PENDING:\n" + "\n".join(stale)
+
+
+def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
+    """The scanner itself: a stale path, a path outside the repository, a spec section; external and real paths
+    pass."""
+    source = ROOT / "backend" / "loop.py"
+    assert not _resolves("backend/curve.py", source)
+    assert not _resolves("../shared/gpu/README.md", ROOT / "scripts" / "gpu_check.sh")
+    assert _resolves("backend/transport/server.py", source)
+    assert _resolves("policy.py", source)  # beside the file that names it
+    assert _resolves("transport/server.py", ROOT / "backend" / "__init__.py")
+    assert _is_external("vllm/v1/worker/gpu_worker.py") and not _is_external("backend/ipc.py")
+    assert [m.group(1) for m in PATH.finditer("see `backend/engine/poc.py:81`, not https://x.org/a/b.py")] == [
+        "backend/engine/poc.py"]
+    assert DESIGN_REFERENCE.search("(spec " + "§1.8)") and DESIGN_REFERENCE.search("see " + "ARCHITECTURE")
+    assert not DESIGN_REFERENCE.search("docs/architecture.md, the OpenAPI spec's schema")
