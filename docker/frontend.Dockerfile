@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
-# pocserve frontend: FastAPI + uvicorn only. Installs pyproject's core dependencies and the frontend/protocol
-# packages, nothing else: the image has no torch and no vLLM, and the build fails if either shows up.
+# pocserve frontend: FastAPI + uvicorn only. Installs pyproject's core dependencies and the frontend, protocol and
+# common packages, nothing else: the image has no torch and no vLLM, and the build fails if either shows up.
 # Build from the repo root:  docker build -f docker/frontend.Dockerfile -t pocserve-frontend .
 ARG PYTHON_IMAGE=python:3.11-slim
 FROM ${PYTHON_IMAGE}
