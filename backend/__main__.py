@@ -31,10 +31,14 @@ from backend.transport.peers import PeerTable
 from backend.transport.server import LINK, SocketServer, shut_down
 from common.config import SettingsError
 from common.logs import configure_logging, process_uptime_s
+from common.process import REFUSED, refuse, set_title
 from protocol.control import DeadEvent
 from protocol.processor import EngineBuilt
 
 log = structlog.get_logger("backend")
+
+# How this process names itself: in `ps` and at the head of a refusal on stderr.
+PROG = "pocserve-backend"
 
 # After the engine died: how long the socket stays up answering every frame with the dead sentinel (see
 # SocketServer.send_dead), two pings at the frontends' default interval.
@@ -100,12 +104,6 @@ def build_loop(settings: BackendSettings, engine, server: SocketServer, inbox: q
                        timers=(pow_service.on_timer, check_processor))
 
 
-def _refuse(error: SettingsError) -> int:
-    """A bad setting found at start: one line naming it, exit code 2 (the supervisor must not restart us)."""
-    print(f"pocserve-backend: {error}", file=sys.stderr)
-    return 2
-
-
 def serve(settings: BackendSettings) -> int:
     from backend.engine.parallel import check_topology
 
@@ -115,7 +113,7 @@ def serve(settings: BackendSettings) -> int:
     try:
         check_topology(settings)  # the parallel sizes against the model and the machine, before any worker
     except SettingsError as e:
-        return _refuse(e)
+        return refuse(PROG, e)
     if settings.engine.node_rank > 0:
         from backend.engine.headless import run_worker_node
         return run_worker_node(settings)
@@ -123,7 +121,7 @@ def serve(settings: BackendSettings) -> int:
         store = open_store(settings.state_dir)  # a locked or corrupt file fails here, before the engine loads
     except StoreError as e:
         log.error("state_store_unusable", error=str(e))
-        return 2
+        return REFUSED
     ctx = zmq.Context()  # ours alone: shut_down terminates it
     inbox: queue.Queue = queue.Queue()
     control = ControlPlane(instance_id=uuid.uuid4().hex)
@@ -167,7 +165,7 @@ def serve(settings: BackendSettings) -> int:
         loop.run()
         return 0
     except SettingsError as e:  # found once the engine was built (vLLM's own checks, a model without layers)
-        return _refuse(e)
+        return refuse(PROG, e)
     except Exception as e:
         log.exception("engine_dead", error=str(e))
         server.send_dead(DeadEvent(reason=f"engine failed: {e}"[:500]))
@@ -198,16 +196,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         settings = load_settings(argv)
     except SettingsError as e:
-        sys.exit(_refuse(e))
+        sys.exit(refuse(PROG, e))
     configure_logging(settings.log_format, settings.log_level)
     fork_env.warn_if_set(os.environ)  # the fork's variables that do nothing here (README: "The fork's variables")
     for flag, note in settings.vllm.notes:  # e.g. dtype_overridden: the fork's dtype rule
         log.warning(flag.removeprefix("--").replace("-", "_") + "_overridden", note=note)
-    try:
-        import setproctitle
-        setproctitle.setproctitle("pocserve-backend")
-    except ImportError:
-        pass
+    set_title(PROG)
     code = serve(settings)
     sys.stdout.flush()
     # vLLM leaves non-daemon threads behind on some paths; the exit code is what the supervisor needs.

@@ -8,6 +8,7 @@ import uvicorn
 
 from common.config import SettingsError
 from common.logs import configure_logging
+from common.process import refuse
 from frontend.app import create_app
 from frontend.settings import load_settings
 
@@ -16,8 +17,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         settings = load_settings(argv)
     except SettingsError as e:
-        print(f"pocserve-frontend: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(refuse("pocserve-frontend", e))
     configure_logging(settings.log_format, settings.log_level)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_config=None,
                 timeout_graceful_shutdown=5)

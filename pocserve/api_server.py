@@ -18,6 +18,7 @@ import structlog
 
 from common.config import SettingsError
 from common.logs import configure_logging
+from common.process import refuse, set_title
 from pocserve.cli import PROG, Early, UsageError, early_options, parse
 from pocserve.flags import DEFAULT_HOST, Plan, Refusal, translate
 from pocserve.instance import BACKEND_FIXED, InstanceError, check_port_free, prepare, resolve_model
@@ -37,14 +38,9 @@ def main(argv: list[str] | None = None) -> None:
         check_backend(plan, environ)
         instance = prepare(plan, settings.state_root)
     except (UsageError, Refusal, InstanceError, SettingsError) as e:
-        print(f"{PROG}: {e}", file=sys.stderr)
-        _exit(2)
+        _exit(refuse(PROG, e))
     configure_logging(settings.log_format, settings.log_level)
-    try:
-        import setproctitle
-        setproctitle.setproctitle(f"pocserve-api-server-{plan.port}")
-    except ImportError:
-        pass
+    set_title(f"pocserve-api-server-{plan.port}")
     for flag, why in plan.ignored:
         log.warning("vllm_flag_ignored", flag=flag, why=why)
     try:

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -24,6 +23,8 @@ from pathlib import Path
 
 import structlog
 
+from common.process import die_with_parent_hook
+
 log = structlog.get_logger("pocserve.supervisor")
 
 _POLL_S = 0.05
@@ -31,23 +32,6 @@ _POLL_S = 0.05
 _GROUP_GRACE_S = 2.0
 # Exit statuses of a child that stopped as asked: uvicorn re-raises the SIGTERM it handled once it has shut down.
 _CLEAN_EXITS = (0, -signal.SIGTERM)
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent_hook():
-    """A preexec_fn: SIGTERM to the child when this process dies (Linux; elsewhere a no-op)."""
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not between fork and exec
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def hook() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:  # we died before the line above took effect
-            os._exit(1)
-
-    return hook
 
 
 @dataclass(frozen=True)
@@ -69,7 +53,7 @@ class Supervisor:
         """Starts the children, then waits for a signal or for one of them to exit; returns our exit status."""
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            hook = _die_with_parent_hook()
+            hook = die_with_parent_hook()
             for spec in self.specs:
                 self.children[spec.name] = subprocess.Popen(spec.argv, env=spec.env, start_new_session=True,
                                                             preexec_fn=hook)

@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import signal
 
 from backend.settings import BackendSettings
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """SIGTERM when the engine process dies, however it dies (a SIGKILL runs none of its cleanup)."""
-    # Not on Linux: the engine process still terminates us on every exit path it controls.
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+from common.process import die_with_parent, set_title
 
 
 def run_processor(settings: BackendSettings, link_address: str) -> None:
-    _die_with_parent()
+    die_with_parent()  # the engine process's end is ours, even when it is killed outright
     # The engine process decides when we stop (SIGTERM): a Ctrl-C or the ML node's SIGINT to the process group
     # must not kill us before the engine process has sent its last frames through us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -37,11 +27,7 @@ def run_processor(settings: BackendSettings, link_address: str) -> None:
     from common.sockets import make_socket
 
     configure_logging(settings.log_format, settings.log_level)
-    try:
-        import setproctitle
-        setproctitle.setproctitle("pocserve-processor")
-    except ImportError:
-        pass
+    set_title("pocserve-processor")
     phases_s = {"imports_done_at": process_uptime_s()}  # after vLLM's import, from the spawn
     preparer, presenter, tokenizing, ready = build(settings, phases_s)
     ctx = zmq.Context()

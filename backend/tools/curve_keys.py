@@ -17,6 +17,8 @@ from pathlib import Path
 
 import zmq.auth
 
+from common.process import refuse
+
 
 def create_key_pair(directory: Path, name: str) -> tuple[Path, Path]:
     """Writes NAME.key and NAME.key_secret into `directory`; FileExistsError if either exists."""
@@ -44,8 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         public, secret = create_key_pair(args.directory, args.name)
     except OSError as e:
-        print(f"curve_keys: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(refuse("curve_keys", e))
     print(f"public key {public} (give it to the peers)\nsecret key {secret} (keep it on this machine only)")
 
 

@@ -22,6 +22,7 @@ import zmq
 from backend.settings import DEFAULT_ADDRESS
 from common.config import SettingsError, load, option, setting
 from common.curve import KeyFile, check_client_keys, client_key_setting, server_key_setting, set_client_keys
+from common.process import refuse
 from common.sockets import make_socket
 from protocol.codec import frontend_codec
 from protocol.common import BackendStats, Fingerprint
@@ -113,8 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         args = load_settings(argv)
     except SettingsError as e:
-        print(f"pocserve-probe: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(refuse("pocserve-probe", e))
     keys, server_key = args.curve_client_secret_key_file, args.curve_server_public_key_file
     probe = Probe(args.address, args.timeout_s, (keys, server_key) if keys is not None and server_key else None)
     if args.once:
