@@ -6,25 +6,18 @@
 - A fatal engine failure is any other exception out of an engine step: the process entry sends the dead sentinel
   and exits non-zero.
 
-Error type strings (`ErrorInfo.type`), kept for the clients that match on them:
-- the PoC API (/api/v1/pow/*) answers with the HTTP reason phrase ("Conflict", "Too Many Requests", ...), which
-  is what the fork's FastAPI HTTPException handler writes (spec §2.3): `pow_error`;
-- chat behind the PoC gate answers the fork's body, type "service_unavailable" (spec §7): `gate_error`;
-- everything else has OpenAI's error type names ("BadRequestError", ...).
+Error type strings (`ErrorInfo.type`) come from the status, by the table both processes use
+(common/error_types.py), the PoC API's included; chat behind the PoC gate keeps the fork's body, type
+"service_unavailable", which clients match on: `gate_error`.
 """
 
 from __future__ import annotations
 
-from http import HTTPStatus
-
+from common.error_types import error_type
 from protocol.common import ErrorInfo
 
 # The fork's body for chat while a mining round holds the engine (exclusive mode); clients match on it.
 POC_GATE_MESSAGE = "PoC generation is active. Inference requests are temporarily unavailable."
-
-_OPENAI_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 409: "ConflictError",
-                 413: "RequestTooLargeError", 429: "RateLimitError", 500: "InternalServerError",
-                 503: "ServiceUnavailableError"}
 
 
 class BackendError(Exception):
@@ -37,7 +30,7 @@ class BackendError(Exception):
         self.message = message
         self.param = param
         self.status = status or self.default_status
-        self.type = type or _OPENAI_TYPES.get(self.status, "InternalServerError")
+        self.type = type or error_type(self.status)
 
     def info(self) -> ErrorInfo:
         return ErrorInfo(status=self.status, message=self.message, param=self.param, type=self.type)
@@ -56,8 +49,9 @@ class RequestFailed(BackendError):
 
 
 def pow_error(status: int, message: str, param: str | None = None) -> RequestError:
-    """A PoC API refusal, typed with the HTTP reason phrase as the fork answers (spec §2.3)."""
-    return RequestError(message, param=param, status=status, type=HTTPStatus(status).phrase)
+    """A PoC API refusal, status first as the fork raises it (HTTPException(status, detail)); its type comes from
+    the status like every other error's (docs/decisions.md, "One status → error type table")."""
+    return RequestError(message, param=param, status=status)
 
 
 def gate_error() -> RequestError:

@@ -7,13 +7,14 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from frontend.auth import BearerGuard
 from frontend.backend_client import BackendClient
 from frontend.convert import TokenFormat
 from frontend.errors import error_response, install_error_handlers
 from frontend.metrics import FrontendMetrics
 from frontend.openapi import install_openapi
 from frontend.routes import health, openai, responses, tokenize
-from frontend.routes.pow import bearer_guard, make_pow_router
+from frontend.routes.pow import make_pow_router
 from frontend.settings import FrontendSettings
 
 
@@ -90,7 +91,7 @@ class BodyLimitMiddleware:
 
     async def _refuse(self, scope, receive, send) -> None:
         message = f"request body larger than {self.max_bytes} bytes"
-        await error_response(413, message, type="RequestEntityTooLarge")(scope, receive, send)
+        await error_response(413, message)(scope, receive, send)
 
 
 def create_app(settings: FrontendSettings) -> FastAPI:
@@ -115,13 +116,17 @@ def create_app(settings: FrontendSettings) -> FastAPI:
     app.state.is_prompt_details = settings.enable_prompt_tokens_details
     install_error_handlers(app)
     install_openapi(app)
-    # The OpenAI routes take vLLM's --api-key (as vLLM does, every /v1 route); the PoC routes have their own token.
-    app.include_router(openai.router, dependencies=bearer_guard(settings.api_key, "/v1"))
-    app.include_router(responses.router, dependencies=bearer_guard(settings.api_key, "/v1"))
+    app.include_router(openai.router)
+    app.include_router(responses.router)
     app.include_router(tokenize.router)
     app.include_router(health.router)
     app.include_router(make_pow_router(settings))
 
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    # Outside the body limit, so a request without its token is refused before its body is read. The OpenAI
+    # routes take vLLM's --api-key (as vLLM does, every /v1 path); the PoC routes have their own token.
+    guards = [("/v1", settings.api_key), ("/api/v1/pow", settings.pow_api_token)]
+    if any(token for _, token in guards):  # none set: no middleware, nothing to pay per request
+        app.add_middleware(BearerGuard, guards=guards)
     app.add_middleware(RequestMetricsMiddleware)
     return app

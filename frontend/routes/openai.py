@@ -17,7 +17,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from frontend import convert, sse
 from frontend.backend_client import BackendRequestError, BackendUnavailable
-from frontend.errors import ApiError, error_body
+from frontend.errors import ApiError, backend_error_body
 from frontend.openai_models import ChatCompletionRequest, CompletionRequest
 from frontend.openapi import SSE, errors
 from frontend.shape import ChatShape, CompletionShape
@@ -38,7 +38,7 @@ def _served_names(request: Request) -> list[str]:
 
 def check_model(request: Request, model: str) -> None:
     if model not in _served_names(request):
-        raise ApiError(404, f"The model `{model}` does not exist.", param="model", type="NotFoundError")
+        raise ApiError(404, f"The model `{model}` does not exist.", param="model")
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -103,11 +103,6 @@ async def _collect(request: Request, gen: GenerateRequest) -> list[Delta]:
     return deltas
 
 
-def _error_event(e: BackendUnavailable | BackendRequestError) -> bytes:
-    status = 503 if isinstance(e, BackendUnavailable) else e.info.status
-    return sse.event(error_body(status, str(e)))
-
-
 async def _generate(request: Request, body: ChatCompletionRequest | CompletionRequest,
                     shape: ChatShape | CompletionShape):
     check_model(request, body.model)
@@ -140,7 +135,7 @@ async def _generate(request: Request, body: ChatCompletionRequest | CompletionRe
                 yield sse.event(shape.usage_chunk(last, first))
             yield sse.DONE
         except (BackendUnavailable, BackendRequestError) as e:
-            yield _error_event(e)
+            yield sse.event(backend_error_body(e))  # as the same error would answer before the stream
             yield sse.DONE
 
     return StreamingResponse(stream(), media_type="text/event-stream")

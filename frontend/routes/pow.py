@@ -7,11 +7,10 @@ The backend decides everything (params check, gating, queue cap, round state); i
 from __future__ import annotations
 
 import asyncio
-import hmac
 
 import msgspec
 import structlog
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 
 from frontend.backend_client import BackendRequestError, BackendUnavailable
 from frontend.errors import ApiError
@@ -36,22 +35,6 @@ CONTROL_TIMEOUT_S = 30.0
 # Protocol version from which a backend has each feature (all of them since the first).
 _FEATURES_SINCE = {"poc_validation_inference": 1, "stronger_rng": 1, "enforced_tokens": 1, "logprobs_mode": 1,
                    "stat_test_p_value_threshold": 1}
-
-
-def bearer_guard(token: str, routes: str = "/api/v1/pow") -> list:
-    """The router dependencies that demand `Authorization: Bearer <token>` on `routes`: none when the token is
-    empty (a dependency that only returns still costs FastAPI a resolution per request)."""
-    if not token:
-        return []
-    expected = token.encode()
-
-    async def check(request: Request) -> None:
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
-            raise ApiError(401, f"missing or invalid bearer token for {routes}", type="AuthenticationError",
-                           headers={"WWW-Authenticate": "Bearer"})
-
-    return [Depends(check)]
 
 
 def job_result_fields(job: JobView) -> dict:
@@ -107,8 +90,8 @@ def _job_of(reply: PowJobReply) -> JobView:
 
 
 def make_pow_router(settings: FrontendSettings) -> APIRouter:
-    router = APIRouter(prefix="/api/v1/pow", tags=["pow"], responses=errors(401, 503),
-                       dependencies=bearer_guard(settings.pow_api_token))
+    # 401: the token (POCSERVE_POW_API_TOKEN) is checked by frontend/auth.py, before the route is chosen.
+    router = APIRouter(prefix="/api/v1/pow", tags=["pow"], responses=errors(401, 503))
     wait_timeout_s = settings.pow_wait_timeout_s
 
     @router.post("/init/generate", responses=errors(400, 409, 413))

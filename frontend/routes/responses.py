@@ -20,7 +20,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from frontend import convert
 from frontend.backend_client import BackendRequestError, BackendUnavailable
-from frontend.errors import ApiError, error_body
+from frontend.errors import ApiError, backend_error_body
 from frontend.openapi import SSE, errors
 from frontend.responses_convert import generate_request
 from frontend.responses_models import ResponsesRequest
@@ -135,12 +135,9 @@ async def create_response(body: ResponsesRequest, request: Request):
 
 def _error_event(events: ResponseEvents, e: BackendUnavailable | BackendRequestError) -> dict:
     """OpenAI's error event (ResponseErrorEvent): `code` is the error type, as the chat error body names it."""
-    if isinstance(e, BackendUnavailable):
-        body = error_body(503, str(e), type="ServiceUnavailableError")["error"]
-    else:
-        i = e.info
-        body = error_body(i.status, i.message, param=_PARAMS.get(i.param or "", i.param), type=i.type or None)["error"]
-    return events.event("error", code=body["type"], message=body["message"], param=body["param"])
+    body = backend_error_body(e)["error"]
+    return events.event("error", code=body["type"], message=body["message"],
+                        param=_PARAMS.get(body["param"] or "", body["param"]))
 
 
 def _not_found(response_id: str) -> ApiError:
