@@ -131,7 +131,7 @@ class _Sampling(_Strict):
     skip_special_tokens: bool = True
     user: Text | None = None
     logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] | None = None
-    # vLLM's: lower runs first under --scheduling-policy priority; anything but 0 is refused under fcfs.
+    # vLLM's: lower runs first under --scheduling-policy priority; fcfs takes it and ignores it.
     priority: int = Field(0, ge=-(2**63), lt=2**63)
 
     @field_validator("stop")
