@@ -7,13 +7,14 @@
   and exits non-zero.
 
 Error type strings (`ErrorInfo.type`) come from the status, by the table both processes use
-(common/error_types.py), the PoC API's included; chat behind the PoC gate keeps the fork's body, type
-"service_unavailable", which clients match on: `gate_error`.
+(common/error_types.py); the PoC API's refusals carry the reason phrase, as the fork's (vLLM's HTTPException
+handler) do: `pow_error`; chat behind the PoC gate keeps the fork's body, type "service_unavailable", which clients
+match on: `gate_error`.
 """
 
 from __future__ import annotations
 
-from common.error_types import error_type
+from common.error_types import error_type, reason_phrase
 from protocol.common import ErrorInfo
 
 # The fork's body for chat while a mining round holds the engine (exclusive mode); clients match on it.
@@ -49,9 +50,9 @@ class RequestFailed(BackendError):
 
 
 def pow_error(status: int, message: str, param: str | None = None) -> RequestError:
-    """A PoC API refusal, status first as the fork raises it (HTTPException(status, detail)); its type comes from
-    the status like every other error's (docs/decisions.md, "One status → error type table")."""
-    return RequestError(message, param=param, status=status)
+    """A PoC API refusal, status first as the fork raises it (HTTPException(status, detail)), with the type vLLM's
+    HTTPException handler gives it there: the reason phrase (docs/decisions.md, "One status → error type table")."""
+    return RequestError(message, param=param, status=status, type=reason_phrase(status))
 
 
 def gate_error() -> RequestError:

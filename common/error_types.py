@@ -10,7 +10,10 @@ Too Large"): a Python upgrade must not change what clients match on.
 
 Two answers carry a type of their own, by contract rather than by status, and pass it explicitly: chat behind
 the PoC gate ("service_unavailable", the fork's body: backend/errors.py `gate_error`) and the Responses API's
-unknown response id ("invalid_request_error", as vLLM's Responses serving answers it).
+unknown response id ("invalid_request_error", as vLLM's Responses serving answers it). And answers that vLLM's
+HTTPException handler would write carry the reason phrase instead (`reason_phrase`): the PoC API's refusals (the
+fork raises them as HTTPException, so the network sees "Conflict", "Too Many Requests") and Starlette's own 404 and
+405 (vllm/entrypoints/serve/exception_handling/handlers/http.py).
 """
 
 from __future__ import annotations
@@ -38,3 +41,26 @@ def error_type(status: int) -> str:
     if status in ERROR_TYPES:
         return ERROR_TYPES[status]
     return "BadRequestError" if 400 <= status < 500 else "InternalServerError"
+
+
+# As Python 3.12 (the fork's) words them; written out so that a newer Python's wording (3.13: 413 "Content Too
+# Large") changes no wire string.
+REASON_PHRASES = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    409: "Conflict",
+    413: "Request Entity Too Large",
+    422: "Unprocessable Entity",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    501: "Not Implemented",
+    503: "Service Unavailable",
+}
+
+
+def reason_phrase(status: int) -> str:
+    """The type vLLM's HTTPException handler gives `status` (HTTPStatus(status).phrase)."""
+    return REASON_PHRASES.get(status, "Bad Request" if 400 <= status < 500 else "Internal Server Error")

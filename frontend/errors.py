@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from common.error_types import error_type
+from common.error_types import error_type, reason_phrase
 from frontend.backend_client import BackendRequestError, BackendUnavailable
 
 
@@ -74,4 +74,6 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def _http(_: Request, exc: HTTPException) -> JSONResponse:
         # Starlette's own answers carry headers the client needs: a 405's Allow lists the methods the route takes.
-        return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
+        # Typed as vLLM's HTTPException handler types them: the reason phrase.
+        return error_response(exc.status_code, str(exc.detail), headers=exc.headers,
+                              type=reason_phrase(exc.status_code))

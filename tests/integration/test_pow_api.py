@@ -140,7 +140,7 @@ def test_params_model_mismatch_is_409_with_a_json_body(pow_url, stack):
     for path, body in (("init/generate", {**node(), "params": params(64, model="other")}),
                        ("generate", {**node(), "nonces": [1], "params": params(64, model="other"), "wait": True})):
         r = httpx.post(f"{pow_url}/{path}", json=body, timeout=30)
-        error = assert_error(r, 409, param="params.model", type="ConflictError")
+        error = assert_error(r, 409, param="params.model", type="Conflict")
         assert error["message"].startswith("params mismatch") and "'other'" in error["message"]
     # The served name and the model path are both accepted (the fork: path ∪ served names).
     model_path = str(stack.model_dir)
@@ -191,7 +191,7 @@ def test_init_twice_is_409_already_generating(pow_url):
         r = init(pow_url)
         assert r.status_code == 200, r.text
         assert r.json() == {"status": "OK", "pow_status": {"status": "GENERATING"}}
-        assert_error(init(pow_url, block_height=101), 409, "Already generating", type="ConflictError")
+        assert_error(init(pow_url, block_height=101), 409, "Already generating", type="Conflict")
         assert status(pow_url)["config"]["block_height"] == 100  # the first round goes on unchanged
     finally:
         assert stop(pow_url) == {"status": "OK", "pow_status": {"status": "STOPPED"}}

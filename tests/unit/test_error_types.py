@@ -53,15 +53,27 @@ def test_error_types_backend_and_frontend_agree(status):
 def test_error_types_backend_tiers_and_the_poc_api_use_the_table():
     assert RequestError("bad").info().type == "BadRequestError"
     assert RequestFailed("broke").info().type == "InternalServerError"
-    # The PoC API's refusals were the reason phrase ("Conflict", "Too Many Requests"); they follow the table now.
-    assert pow_error(409, "Already generating").info().type == "ConflictError"
-    assert pow_error(429, "Queue full").info().type == "RateLimitError"
-    assert pow_error(404, "Request x not found").info().type == "NotFoundError"
+    # The PoC API's refusals carry the reason phrase, as the fork's HTTPException answers do.
+    assert pow_error(409, "Already generating").info().type == "Conflict"
+    assert pow_error(429, "Queue full").info().type == "Too Many Requests"
+    assert pow_error(404, "Request x not found").info().type == "Not Found"
     info = pow_error(400, "bad nonces", param="nonces").info()
-    assert (info.status, info.type, info.param) == (400, "BadRequestError", "nonces")
+    assert (info.status, info.type, info.param) == (400, "Bad Request", "nonces")
 
 
 def test_error_types_an_explicit_type_still_wins():
     # Chat behind the PoC gate: the fork's body, which clients match on.
     assert gate_error().info().type == "service_unavailable"
     assert error_body(404, "no such response", type="invalid_request_error")["error"]["type"] == "invalid_request_error"
+
+
+def test_reason_phrases_are_python_3_12s_written_out():
+    """What vLLM's HTTPException handler (and so the fork's PoC routes) writes, on the fork's Python; written out so
+    that a newer Python's wording changes no wire string."""
+    from http import HTTPStatus
+
+    from common.error_types import REASON_PHRASES, reason_phrase
+
+    for status, phrase in REASON_PHRASES.items():
+        assert phrase == HTTPStatus(status).phrase or (status, phrase) == (413, "Request Entity Too Large")
+    assert (reason_phrase(418), reason_phrase(502)) == ("Bad Request", "Internal Server Error")

@@ -241,14 +241,14 @@ async def test_pow_generate_wait_timeout_is_503(api):
 
 
 BACKEND_ERRORS = [  # (route, reply type, status, type, message): the backend's ErrorInfo is passed through
-    ("init/generate", PowStatusReply, 409, "ConflictError", "params mismatch: requested model 'x', deployed ['tiny']"),
-    ("init/generate", PowStatusReply, 409, "ConflictError", "Already generating"),
+    ("init/generate", PowStatusReply, 409, "Conflict", "params mismatch: requested model 'x', deployed ['tiny']"),
+    ("init/generate", PowStatusReply, 409, "Conflict", "Already generating"),
     ("init/generate", PowStatusReply, 400, "", "seq_len too large"),
-    ("generate", PowJobReply, 409, "ConflictError", "params mismatch: requested model 'x'"),
-    ("generate", PowJobReply, 429, "RateLimitError", "Queue full: 99999 nonces queued, limit is 100000"),
+    ("generate", PowJobReply, 409, "Conflict", "params mismatch: requested model 'x'"),
+    ("generate", PowJobReply, 429, "Too Many Requests", "Queue full: 99999 nonces queued, limit is 100000"),
     ("generate", PowJobReply, 503, "ServiceUnavailableError", "could not compute 1 of 2 nonces"),
     ("generate", PowJobReply, 400, "", "k_dim 99 exceeds the hidden size"),
-    ("generate/nope", PowJobReply, 404, "NotFoundError", "Request nope not found"),
+    ("generate/nope", PowJobReply, 404, "Not Found", "Request nope not found"),
 ]
 REQUEST_TYPES = {"init/generate": PowInitRequest, "generate": PowGenerateRequest, "generate/nope": PowJobRequest}
 
