@@ -53,7 +53,6 @@ class BackendLoop:
         self._timers = timers
         self.is_running = True
         self.num_steps = 0
-        self.num_handler_errors = 0
         self.share = share
         self._published_at = 0.0
         self._timers_at = time.monotonic()
@@ -138,7 +137,6 @@ class BackendLoop:
             handler(identity, msg)
         except Exception as e:
             # A handler bug fails that one message, not the engine; an engine fault shows at its next step.
-            self.num_handler_errors += 1
             log.exception("handler_failed", message=type(msg).__name__)
             error = RequestFailed(f"{type(msg).__name__} failed: {e}").info()
             self._send(identity, ErrorReply(rid=getattr(msg, "rid", None), error=error))

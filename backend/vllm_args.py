@@ -82,12 +82,6 @@ class VllmArgs:
         return int(self.engine.tensor_parallel_size) * int(self.engine.pipeline_parallel_size)
 
 
-def env_names() -> frozenset[str]:
-    """The environment variables of vLLM's flags (the backend reads them beside its own settings' ones)."""
-    actions = vllm_actions(serve_parser("pocserve-backend", ""))
-    return frozenset(ENV_PREFIX + dest.upper() for dest, action in actions.items() if action.option_strings)
-
-
 def serve_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """vLLM's serve parser; a usage error is a SettingsError with vLLM's message on one line."""
     from backend.engine.compat import serve_parser as vllm_parser

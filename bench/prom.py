@@ -16,8 +16,3 @@ def totals(text: str) -> dict[str, float]:
         for sample in family.samples:
             out[sample.name] += sample.value
     return dict(out)
-
-
-def family_names(text: str) -> set[str]:
-    """The families a scrape carries (names as `# TYPE` declares them: counters without _total)."""
-    return {family.name for family in text_string_to_metric_families(text)}

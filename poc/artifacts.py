@@ -77,14 +77,6 @@ def compute_artifact_vectors(
     return nonce_list, vectors
 
 
-def encode_vector(vector: torch.Tensor | np.ndarray) -> str:
-    """One vector -> base64 of its fp16 little-endian bytes (a float32 input is rounded to fp16 first)."""
-    if isinstance(vector, torch.Tensor):
-        vector = vector.detach().to("cpu", torch.float16).numpy()
-    data = np.asarray(vector).reshape(-1).astype(WIRE_DTYPE, copy=False)
-    return base64.b64encode(data.tobytes()).decode("ascii")
-
-
 def decode_vector(vector_b64: str) -> np.ndarray:
     """base64 -> `<f2` -> float32 1-D array; raises PocInputError("vector_b64", ...) on malformed input.
 

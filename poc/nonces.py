@@ -44,15 +44,6 @@ class NonceIterator:
         self._stride = n_groups * node_count
         self._next_index = 0
 
-    @property
-    def position(self) -> int:
-        """How many nonces have been handed out so far."""
-        return self._next_index
-
-    def nonce_at(self, index: int) -> int:
-        """The index-th nonce of this node (0-based), independent of the iteration state."""
-        return self._offset + index * self._stride
-
     def take(self, n: int) -> list[int]:
         """The next n nonces, in order."""
         if n < 0:

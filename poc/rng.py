@@ -96,16 +96,11 @@ def murmur3_32(keys: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
     return h
 
 
-def _uniform_keys(keys: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+def uniform_keys(keys: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    """u = float32(murmur(key, seed)) / 2^32 for each key, one row per seed: float32 [S, len(keys)]."""
     # int64 -> float32 rounds to nearest (CPU cvtsi2ss, CUDA __ll2float_rn), so u can be exactly 1.0;
     # dividing by 2^32 is exact.
     return murmur3_32(keys, seeds).to(torch.float32).div_(_TWO_POW_32)
-
-
-def uniform(seeds: Sequence[int] | torch.Tensor, n: int, device: torch.device | str) -> torch.Tensor:
-    """u_i = float32(murmur(i, seed)) / 2^32 for i in 0..n-1, one row per seed: float32 [S, n]."""
-    keys = torch.arange(n, dtype=torch.int64, device=device)
-    return _uniform_keys(keys, seed_tensor(seeds, device))
 
 
 def _box_muller_tile(
@@ -113,8 +108,8 @@ def _box_muller_tile(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pairs [start, stop) of every seed row: (cos half, sin half), each float32 [S, stop - start]."""
     keys = torch.arange(start, stop, dtype=torch.int64, device=seeds.device)
-    u1 = _uniform_keys(keys, seeds).clamp_min_(U1_MIN)
-    u2 = _uniform_keys(keys + num_pairs, seeds)
+    u1 = uniform_keys(keys, seeds).clamp_min_(U1_MIN)
+    u2 = uniform_keys(keys + num_pairs, seeds)
     r = torch.sqrt(-2.0 * torch.log(u1))
     theta = u2.mul_(TWO_PI_F32)
     return r * torch.cos(theta), r * torch.sin(theta)
@@ -268,23 +263,11 @@ def input_embeddings(
     return standard_inputs(seeds, seq_len, hidden_size, device, dtype, max_tile_pairs, out)
 
 
-def householder_vector(
-    block_hash: str, layer_index: int, hidden_size: int, device: torch.device | str
-) -> torch.Tensor:
-    """Unit float32 vector [H] of layer `layer_index`: normal(S(...), H) / ‖·‖ (no epsilon, spec §1.7)."""
-    if hidden_size <= 0:
-        raise PocInputError("hidden_size", f"must be positive, got {hidden_size}")
-    seed = string_seed(householder_seed_string(block_hash, layer_index))
-    v = normal([seed], hidden_size, device)[0]
-    # A 1-D norm per layer, as the reference computes it: a batched row norm may reduce in another order
-    # and differ in the last bit.
-    return v / v.norm()
-
-
 def householder_vectors(
     block_hash: str, num_layers: int, hidden_size: int, device: torch.device | str
 ) -> torch.Tensor:
-    """Unit float32 vectors of layers 0..num_layers-1, stacked [num_layers, H]."""
+    """Unit float32 vectors of layers 0..num_layers-1, stacked [num_layers, H]: layer i's is
+    normal(S(householder string of i), H) / ‖·‖, with no epsilon (spec §1.7)."""
     if num_layers < 0:
         raise PocInputError("num_layers", f"must be non-negative, got {num_layers}")
     if num_layers == 0:
@@ -292,6 +275,7 @@ def householder_vectors(
     if hidden_size <= 0:
         raise PocInputError("hidden_size", f"must be positive, got {hidden_size}")
     seeds = [string_seed(householder_seed_string(block_hash, i)) for i in range(num_layers)]
-    # One batched draw (each row depends only on its seed), then a 1-D norm per layer as the reference does.
+    # One batched draw (each row depends only on its seed), then a 1-D norm per layer as the reference does: a
+    # batched row norm may reduce in another order and differ in the last bit.
     raw = normal(seeds, hidden_size, device)
     return torch.stack([v / v.norm() for v in raw])

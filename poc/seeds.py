@@ -49,11 +49,6 @@ def haar_seed_string(block_hash: str, public_key: str, nonce: int, k_dim: int, s
     return f"{block_hash}_{public_key}_nonce_{nonce:d}_haar_hh_{k_dim:d}_{step:d}"
 
 
-def target_seed_string(block_hash: str, public_key: str) -> str:
-    """Legacy r_target seed string; unused by v2 artifacts, kept so its golden value stays pinned."""
-    return f"{block_hash}_{public_key}_target"
-
-
 def input_seeds(block_hash: str, public_key: str, nonces: Sequence[int]) -> list[int]:
     """S of each nonce's input-embedding string, in nonce order."""
     return [string_seed(input_seed_string(block_hash, public_key, n)) for n in nonces]

@@ -17,10 +17,6 @@ from scipy.stats import binomtest
 from poc.artifacts import decode_vector
 from poc.errors import PocInputError
 
-# dapi sends the fraud threshold as `p_value_threshold`; the reference only knew `fraud_threshold` and
-# silently ignored the alias, so the chain's value never took effect. We honour both names.
-FRAUD_THRESHOLD_ALIAS = "p_value_threshold"
-
 
 @dataclass(frozen=True)
 class StatTest:
@@ -41,27 +37,6 @@ class StatTest:
         for name in ("p_mismatch", "fraud_threshold"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise PocInputError(name, f"must be in [0, 1], got {getattr(self, name)}")
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any] | None) -> StatTest:
-        """Build from a `stat_test` object; None or missing/None fields mean defaults.
-
-        Accepts `p_value_threshold` as an alias of `fraud_threshold`; both present with different values is
-        an error naming both. Unknown keys are ignored, as the reference did, so newer clients keep working.
-        """
-        if data is None:
-            return cls()
-        values = {f.name: data[f.name] for f in fields(cls) if data.get(f.name) is not None}
-        alias = data.get(FRAUD_THRESHOLD_ALIAS)
-        if alias is not None:
-            if "fraud_threshold" in values and values["fraud_threshold"] != alias:
-                raise PocInputError(
-                    "fraud_threshold",
-                    f"fraud_threshold={values['fraud_threshold']!r} and "
-                    f"{FRAUD_THRESHOLD_ALIAS}={alias!r} disagree; send one of them",
-                )
-            values["fraud_threshold"] = alias
-        return cls(**values)
 
 
 def is_mismatch(computed: np.ndarray, received_b64: str, k_dim: int, dist_threshold: float) -> bool:

@@ -37,9 +37,6 @@ ToFrontend = (
     | PowJobReply | PowStatusReply | TokenizeReply | DetokenizeReply | MetricsReply
 )
 
-TO_BACKEND_TYPES: tuple[type, ...] = ToBackend.__args__
-TO_FRONTEND_TYPES: tuple[type, ...] = ToFrontend.__args__
-
 
 class Codec:
     """Encoder plus a decoder for one direction; one instance per thread (encoders reuse buffers)."""

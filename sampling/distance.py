@@ -1,8 +1,8 @@
 """The distance2 metric that compares an inference with its validation replay (spec §4.4).
 
 Mirrors `token_distance2`/`distance2` of the fork's `tests/gonka/live_conftest.py` (itself a copy of the Go
-`customDistance`/`positionDistance`), plus the helpers that turn an OpenAI chat response into the per-position
-result format and into an `enforced_tokens` payload. Stdlib only: the frontend and CLI tools use it too.
+`customDistance`/`positionDistance`), plus the helper that turns an OpenAI chat response into the per-position
+result format. Stdlib only: the frontend and CLI tools use it too.
 
 Result format, one dict per generated position: {"token": str(id), "logprobs": {str(id): logprob}}.
 """
@@ -105,15 +105,6 @@ def positions_from_openai(content: Sequence[Mapping[str, Any]]) -> list[Position
         logprobs = {str(entry["token"]): float(entry["logprob"]) for entry in _top(position)}
         positions.append({"token": str(position["token"]), "logprobs": logprobs})
     return positions
-
-
-def build_enforced_tokens(content: Sequence[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """The `enforced_tokens` payload that replays a chat response, as the §8 harness builds it."""
-    tokens = [
-        {"token": str(position["token"]), "top_tokens": [str(entry["token"]) for entry in _top(position)]}
-        for position in content
-    ]
-    return {"tokens": tokens}
 
 
 def _top(position: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:

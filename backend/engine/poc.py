@@ -38,7 +38,6 @@ class PocRunner:
         self.max_model_len = int(core.vllm_config.model_config.max_model_len)
         self.hidden_size = int(core.collective_rpc("poc_hidden_size")[0])
         self.layer_ranges = _layer_ranges(core.collective_rpc("poc_layer_range"), core.vllm_config)
-        self.num_nonces = 0
         self._held: list = []  # KVCacheBlocks leased for PoC forwards, kept between them (see release)
         self._held_ids: list[int] = []
         # Nonces of each forward launched beside chat and not yet collected, oldest first.
@@ -92,7 +91,6 @@ class PocRunner:
         except BaseException:
             self.release()
             raise
-        self.num_nonces += len(nonces)
         return [(int(n), str(v)) for n, v in result], len(nonces)
 
     def launch(self, job: ArtifactJob, nonces: list[int], is_chat_running: bool, budget_s: float) -> int:
@@ -133,7 +131,7 @@ class PocRunner:
         self._is_queued = all(is_queued for _, _, is_queued in results)
         if not all(finished for finished, _, _ in results):
             return None
-        self.num_nonces += self._in_flight.popleft()
+        self._in_flight.popleft()
         artifacts = next(a for _, a, _ in results if a is not None)
         return [(int(n), str(v)) for n, v in artifacts]
 
@@ -173,10 +171,6 @@ class PocRunner:
         if self._held and not self._in_flight:
             self._pool.free_blocks(self._held)
             self._held, self._held_ids = [], []
-
-    @property
-    def num_held_blocks(self) -> int:
-        return len(self._held)
 
 
 def _layer_ranges(ranges: list[tuple[int, int] | None], vllm_config) -> list[tuple[int, int]]:

@@ -93,10 +93,6 @@ class ArtifactQueue:
     def __len__(self) -> int:
         return len(self._jobs) + len(self._mining)
 
-    @property
-    def num_jobs(self) -> int:
-        return len(self._jobs)
-
     def check(self, job: ArtifactJob) -> None:
         """Raises PocInputError (naming the field) for a job this engine cannot run."""
         self._runner.check(job)

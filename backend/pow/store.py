@@ -93,11 +93,6 @@ class Store:
             self._thread.join()
             raise
 
-    @property
-    def num_pending(self) -> int:
-        """Functions submitted but not yet run (approximate)."""
-        return self._ops.qsize()
-
     def submit(self, fn: Callable[[sqlite3.Connection], Any],
                on_done: Callable[[Any], None] | None = None) -> None:
         """Queues `fn(conn)`; never blocks. `on_done(result or exception)` runs on the writer thread after the

@@ -39,22 +39,6 @@ def float32_to_e4m3_bits(x: np.ndarray) -> np.ndarray:
     return (codes | sign).astype(np.uint8)
 
 
-def _e4m3_table() -> np.ndarray:
-    codes = np.arange(256)
-    exponent, mantissa = (codes >> 3) & 15, (codes & 7).astype(np.float64)
-    magnitude = np.where(exponent == 0, mantissa * 2.0 ** -9, (1 + mantissa / 8) * 2.0 ** (exponent - 7))
-    values = np.where(codes >> 7 == 1, -magnitude, magnitude)
-    values[[0x7F, 0xFF]] = np.nan
-    return values.astype(np.float32)
-
-
-E4M3_VALUES = _e4m3_table()  # code -> float32 value
-
-
-def e4m3_bits_to_float32(codes: np.ndarray) -> np.ndarray:
-    return E4M3_VALUES[np.asarray(codes, dtype=np.uint8)]
-
-
 def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
     return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
@@ -79,14 +63,6 @@ def quantize_blocks(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     scale_bits = _float32_to_bf16_bits(scale)
     per_element = np.repeat(np.repeat(scale, BLOCK, axis=0), BLOCK, axis=1)[:out_dim, :in_dim]
     return float32_to_e4m3_bits(weight / per_element), scale_bits
-
-
-def dequantize_blocks(codes: np.ndarray, scale_bits: np.ndarray) -> np.ndarray:
-    """The inverse of quantize_blocks up to rounding: float32 [out, in]."""
-    out_dim, in_dim = codes.shape
-    scale = bf16_bits_to_float32(scale_bits)
-    per_element = np.repeat(np.repeat(scale, BLOCK, axis=0), BLOCK, axis=1)[:out_dim, :in_dim]
-    return e4m3_bits_to_float32(codes) * per_element
 
 
 def scale_shape(shape: tuple[int, ...]) -> tuple[int, int]:

@@ -225,11 +225,6 @@ def bf16_weight_bits(name: str, shape: tuple[int, ...], seed: int, chunk: int = 
     return out
 
 
-def tensor_bytes(name: str, shape: tuple[int, ...], seed: int) -> bytes:
-    """The bf16 checkpoint's bytes of one parameter."""
-    return bf16_weight_bits(name, shape, seed).tobytes()
-
-
 def _as_bytes(array: np.ndarray) -> memoryview:
     return np.ascontiguousarray(array).data.cast("B")  # the bytes without a copy (a 1.2 GB embedding would double)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from sampling.distance import build_enforced_tokens, distance2, positions_from_openai
+from sampling.distance import distance2, positions_from_openai
 
 # The §8 harness's default chat body.
 DEFAULT_CHAT = {"temperature": 0.99, "seed": 42, "logprobs": True, "top_logprobs": 5, "n": 1,
@@ -49,6 +49,14 @@ def tokens(resp: dict[str, Any]) -> list[str]:
 
 def top_values(resp: dict[str, Any]) -> list[float]:
     return [e["logprob"] for p in positions(resp) for e in p["top_logprobs"]]
+
+
+def build_enforced_tokens(content: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The `enforced_tokens` payload that replays a chat response (`choices[0].logprobs.content`), as the §8
+    harness builds it: each position's token, then its top tokens (none where top_logprobs is empty or null)."""
+    tokens = [{"token": str(p["token"]), "top_tokens": [str(e["token"]) for e in p.get("top_logprobs") or []]}
+              for p in content]
+    return {"tokens": tokens}
 
 
 def enforced(resp: dict[str, Any]) -> dict[str, Any]:

@@ -145,11 +145,13 @@ def test_artifact_queue_no_free_blocks_keeps_the_task_and_marks_blocked():
 def test_artifact_queue_discard_drops_the_rounds_batches_only():
     queue, _ = _queue()
     mining, mining_done = _task("round", 4, MINING)
-    job, _ = _task("job", 4)
+    job, job_done = _task("job", 4)
     queue.submit(mining)
     queue.submit(job)
     assert queue.discard(lambda t: t.tag == MINING) == 1
-    assert len(queue) == 1 and queue.num_jobs == 1 and not mining_done.calls
+    assert len(queue) == 1 and not mining_done.calls
+    queue.run_batch()  # what is left is the job
+    assert job_done.calls and not mining_done.calls
 
 
 # --- forwards beside chat: launch_batch queues one (a second behind it), poll_batch finishes the oldest

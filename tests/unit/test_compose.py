@@ -35,9 +35,16 @@ WORKER_FILE = ROOT / "docker-compose.worker.yml"
 # whose settings module will own it. Remove an entry once the option is in that module's OPTIONS.
 PENDING_SETTINGS: dict[str, str] = {}
 
+
+def vllm_env_names() -> set[str]:
+    """The environment variables of vLLM's flags (the backend reads them beside its own settings' ones)."""
+    actions = vllm_args.vllm_actions(vllm_args.serve_parser("pocserve-backend", ""))
+    return {vllm_args.ENV_PREFIX + dest.upper() for dest, action in actions.items() if action.option_strings}
+
+
 SETTINGS_ENVS = {
     # The backend's own settings and vLLM's flags, each POCSERVE_<NAME> (backend/vllm_args.py).
-    "backend": {opt.env for opt in backend_settings.OPTIONS} | vllm_args.env_names(),
+    "backend": {opt.env for opt in backend_settings.OPTIONS} | vllm_env_names(),
     "frontend": {opt.env for opt in frontend_settings.OPTIONS},
 }
 KNOWN_ENVS = {

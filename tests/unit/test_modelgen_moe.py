@@ -210,7 +210,7 @@ def test_sharded_checkpoint_loads_like_the_single_file(moe_dir: Path, tmp_path: 
         (out / name).write_bytes((moe_dir / name).read_bytes())
     specs, stored = modelgen.tensor_specs("tiny-moe"), modelgen.stored_tensors("tiny-moe")
     files = safetensors_stream.write_checkpoint(
-        out, stored, [(n,) for n in stored], lambda g: [modelgen.tensor_bytes(g[0], specs[g[0]], 0)],
+        out, stored, [(n,) for n in stored], lambda g: [modelgen.bf16_weight_bits(g[0], specs[g[0]], 0).tobytes()],
         max_shard_bytes=2_000_000)
     assert files[-1] == "model.safetensors.index.json" and len(files) >= 4
     assert files[0] == f"model-00001-of-{len(files) - 1:05d}.safetensors"

@@ -13,7 +13,6 @@ from poc.artifacts import (
     compute_artifact_vectors,
     compute_artifacts,
     decode_vector,
-    encode_vector,
     encode_vectors,
 )
 from poc.errors import PocInputError
@@ -94,22 +93,31 @@ def test_compute_artifacts_rejects_bad_input(field, hidden, nonces, k_dim):
     assert info.value.field == field
 
 
-def test_encode_vector_little_endian_bytes():
-    raw = base64.b64decode(encode_vector(np.array([1.0], dtype=np.float32)))
-    assert raw[:2] == b"\x00\x3c"  # fp16 1.0 is 0x3C00, low byte first
+def _encode(values) -> str:
+    """One vector through the batch encoder the artifacts use (a float32 input is rounded to fp16 first)."""
+    return encode_vectors(torch.as_tensor(np.asarray(values)).reshape(1, -1))[0]
 
 
-def test_encode_vector_rounds_fp32_to_fp16():
-    assert decode_vector(encode_vector(np.array([0.1], dtype=np.float32)))[0] == np.float32(np.float16(0.1))
+def test_encode_vectors_little_endian_bytes():
+    raw = base64.b64decode(_encode(np.array([1.0], dtype=np.float32)))
+    assert raw == b"\x00\x3c"  # fp16 1.0 is 0x3C00, low byte first
+
+
+def test_encode_vectors_rounds_fp32_to_fp16():
+    assert decode_vector(_encode(np.array([0.1], dtype=np.float32)))[0] == np.float32(np.float16(0.1))
+
+
+def test_encode_vectors_one_string_per_row():
+    rows = torch.tensor([[1.0, -2.0], [0.5, 0.25]])
+    assert [decode_vector(b).tolist() for b in encode_vectors(rows)] == rows.tolist()
 
 
 @settings(max_examples=100, deadline=None)
 @given(arrays(np.float16, st.integers(0, 32), elements=st.floats(width=16, allow_nan=False)))
 def test_encode_decode_round_trip(vec):
-    decoded = decode_vector(encode_vector(vec))
+    decoded = decode_vector(_encode(vec))
     assert decoded.dtype == np.float32
     assert np.array_equal(decoded, vec.astype(np.float32))
-    assert encode_vectors(torch.from_numpy(vec).reshape(1, -1))[0] == encode_vector(torch.from_numpy(vec))
 
 
 @pytest.mark.parametrize("bad", ["not base64!", "AAA", "AA=="])

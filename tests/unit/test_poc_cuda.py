@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from poc.artifacts import compute_artifacts
-from poc.rng import householder_vector, input_embeddings, normal
+from poc.rng import householder_vectors, input_embeddings, normal
 from poc.seeds import string_seed
 from poc.transforms import pick_indices
 
@@ -74,7 +74,7 @@ def test_cuda_goldens():
     )
     bf16 = input_embeddings(BH, PK, [0], 2, 4, CUDA, torch.bfloat16)[0].float().cpu().tolist()
     assert bf16 == [[0.55078125, -0.75, -0.8359375, 0.89453125], [1.1796875, 1.375, -1.3828125, -0.75390625]]
-    hh = householder_vector(BH, 0, 4096, CUDA)[:8].cpu().numpy()
+    hh = householder_vectors(BH, 1, 4096, CUDA)[0, :8].cpu().numpy()
     np.testing.assert_allclose(hh, [0.014585215, -0.003989412, -0.025719061, -0.000206031,
                                     0.001738528, -0.022154555, 0.009364715, -0.010518039], rtol=0, atol=1e-8)
     hidden = torch.cat([normal([string_seed(f"golden_hidden_1024_{n}")], 1024, CUDA) for n in range(4)])
@@ -133,7 +133,7 @@ def test_cuda_fused_reflection_matches_torch_path(dtype):
     g = torch.Generator(device=CUDA).manual_seed(0)
     x = (torch.randn(8192, 1024, device=CUDA, generator=g) * 3).to(dtype)
     r = (torch.randn(8192, 1024, device=CUDA, generator=g) * 3).to(dtype)
-    v = householder_vector(BH, 3, 1024, CUDA)
+    v = householder_vectors(BH, 4, 1024, CUDA)[3]
     assert can_reflect_rows(x, v)
     fused, plain = reflect_rows(x, v).float(), reflect_torch(x, v).float()
     vb = v.to(dtype)

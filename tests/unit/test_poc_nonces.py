@@ -24,15 +24,7 @@ def test_nonce_iterator_take_advances():
     assert it.take(2) == [1, 4]
     assert it.take(2) == [7, 10]
     assert it.take(0) == []
-    assert it.position == 4
     assert next(it) == 13
-
-
-def test_nonce_iterator_nonce_at_is_stateless():
-    it = NonceIterator(2, 5, 1, 3)
-    it.take(10)
-    assert it.nonce_at(0) == 2 + 1 * 5
-    assert it.nonce_at(4) == 7 + 4 * 15
 
 
 def test_nonce_iterator_ranges_disjoint():

@@ -54,8 +54,6 @@ TABLE = [
 def test_nonce_sequence_equals_the_forks(node_id, node_count, group_id, n_groups):
     expected = fork_nonces(node_id, node_count, group_id, n_groups, 50)
     assert NonceIterator(node_id, node_count, group_id, n_groups).take(50) == expected
-    it = NonceIterator(node_id, node_count, group_id, n_groups)
-    assert [it.nonce_at(x) for x in range(50)] == expected
 
 
 @pytest.mark.parametrize(("node_id", "node_count", "group_id", "n_groups"), TABLE)

@@ -10,16 +10,17 @@ from poc.errors import PocInputError
 from poc.rng import (
     MASK32,
     TWO_PI_F32,
-    householder_vector,
     householder_vectors,
     input_embeddings,
     murmur3_32,
     normal,
     normal_into,
+    seed_tensor,
     standard_inputs,
     stronger_inputs,
-    uniform,
+    uniform_keys,
 )
+from poc.seeds import householder_seed_string, string_seed
 
 BH, PK = "TEST_BLOCK", "test_pub_keys"
 CPU = torch.device("cpu")
@@ -63,8 +64,19 @@ def test_murmur_matches_python_reference(key, seed):
     assert murmur3_32(torch.tensor([key]), torch.tensor([seed])).item() == _reference_murmur(key, seed)
 
 
+def uniform(seeds: list[int], n: int) -> torch.Tensor:
+    """u_i of keys 0..n-1, one row per seed: float32 [S, n]."""
+    return uniform_keys(torch.arange(n, dtype=torch.int64), seed_tensor(seeds, CPU))
+
+
+def householder_vector(block_hash: str, layer: int, hidden_size: int) -> torch.Tensor:
+    """One layer's vector as the reference computes it: its own draw, then a 1-D norm."""
+    v = normal([string_seed(householder_seed_string(block_hash, layer))], hidden_size, CPU)[0]
+    return v / v.norm()
+
+
 def test_uniform_is_hash_over_2_pow_32_in_float32():
-    u = uniform([0], 4, CPU)
+    u = uniform([0], 4)
     assert u.dtype == torch.float32
     expected = np.array([4279838538, 2277397642, 1536518961, 4104946907], dtype=np.float32) / np.float32(2**32)
     assert np.array_equal(u[0].numpy(), expected)
@@ -82,7 +94,7 @@ def test_normal_golden_seed_1589641989():
 
 
 def test_normal_layout_cos_half_then_sin_half():
-    u = uniform([1589641989], 8, CPU)[0].double()
+    u = uniform([1589641989], 8)[0].double()
     r = torch.sqrt(-2 * torch.log(u[:4]))
     theta = u[4:] * 2 * np.pi
     expected = torch.cat([r * torch.cos(theta), r * torch.sin(theta)])
@@ -209,7 +221,7 @@ def test_input_embeddings_rejects_empty_nonces():
 
 
 def test_householder_layer0_golden_h4096():
-    v = householder_vector(BH, 0, 4096, CPU)
+    v = householder_vectors(BH, 1, 4096, CPU)[0]
     golden = [
         0.014585215, -0.003989412, -0.025719061, -0.000206031, 0.001738528, -0.022154555, 0.009364715, -0.010518039,
     ]
@@ -219,7 +231,7 @@ def test_householder_layer0_golden_h4096():
 @settings(max_examples=25, deadline=None)
 @given(st.text(max_size=20), st.integers(0, 200), st.integers(1, 512))
 def test_householder_vectors_unit_norm(block_hash, layer, hidden):
-    v = householder_vector(block_hash, layer, hidden, CPU)
+    v = householder_vectors(block_hash, layer + 1, hidden, CPU)[layer]
     assert v.dtype == torch.float32
     assert abs(v.double().norm().item() - 1.0) < 1e-5
 
@@ -227,5 +239,5 @@ def test_householder_vectors_unit_norm(block_hash, layer, hidden):
 def test_householder_vectors_stack_layers():
     vs = householder_vectors(BH, 3, 64, CPU)
     assert vs.shape == (3, 64)
-    assert torch.equal(vs[2], householder_vector(BH, 2, 64, CPU))
+    assert all(torch.equal(vs[i], householder_vector(BH, i, 64)) for i in range(3))
     assert householder_vectors(BH, 0, 64, CPU).shape == (0, 64)

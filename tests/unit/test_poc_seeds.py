@@ -14,7 +14,6 @@ from poc.seeds import (
     pick_seeds,
     string_seed,
     sub_seeds,
-    target_seed_string,
 )
 
 BH, PK = "TEST_BLOCK", "test_pub_keys"
@@ -25,7 +24,6 @@ def test_seed_strings_exact_formats():
     assert householder_seed_string(BH, 0) == "TEST_BLOCK_layer_0_householder"
     assert pick_seed_string(BH, PK, 0, 12) == "TEST_BLOCK_test_pub_keys_nonce_0_pick_12"
     assert haar_seed_string(BH, PK, 0, 12, 0) == "TEST_BLOCK_test_pub_keys_nonce_0_haar_hh_12_0"
-    assert target_seed_string(BH, PK) == "TEST_BLOCK_test_pub_keys_target"
 
 
 def test_seed_strings_negative_and_numpy_nonces():

@@ -1,9 +1,11 @@
-"""Validation math of spec §3: mismatch rules, the binomial fraud test, thresholds and StatTest parsing."""
+"""Validation math of spec §3: mismatch rules, the binomial fraud test, thresholds and StatTest's bounds (the
+frontend parses the wire's stat_test: test_frontend_pow_models.py)."""
 
 import numpy as np
 import pytest
+import torch
 
-from poc.artifacts import decode_vector, encode_vector
+from poc.artifacts import decode_vector, encode_vectors
 from poc.errors import PocInputError
 from poc.validation import (
     StatTest,
@@ -19,7 +21,7 @@ BASE = np.array([0.5, -0.25, 0.125, 0.75], dtype=np.float32)
 
 
 def _b64(values):
-    return encode_vector(np.asarray(values, dtype=np.float32))
+    return encode_vectors(torch.as_tensor(np.asarray(values, dtype=np.float32)).reshape(1, -1))[0]
 
 
 def _shifted(distance):
@@ -130,23 +132,6 @@ def test_validate_artifacts_empty_request():
 
 def test_stat_test_defaults():
     assert StatTest() == StatTest(dist_threshold=0.02, p_mismatch=0.001, fraud_threshold=0.01)
-
-
-def test_stat_test_from_mapping_defaults_and_ignores_unknown():
-    assert StatTest.from_mapping(None) == StatTest()
-    assert StatTest.from_mapping({"dist_threshold": None, "extra": 1}) == StatTest()
-
-
-def test_stat_test_from_mapping_alias():
-    st = StatTest.from_mapping({"dist_threshold": 0.4, "p_mismatch": 0.1, "p_value_threshold": 0.05})
-    assert st == StatTest(0.4, 0.1, 0.05)
-    assert StatTest.from_mapping({"fraud_threshold": 0.05, "p_value_threshold": 0.05}).fraud_threshold == 0.05
-
-
-def test_stat_test_from_mapping_conflicting_alias_names_both():
-    with pytest.raises(ValueError) as info:
-        StatTest.from_mapping({"fraud_threshold": 0.01, "p_value_threshold": 0.05})
-    assert "fraud_threshold" in str(info.value) and "p_value_threshold" in str(info.value)
 
 
 @pytest.mark.parametrize(

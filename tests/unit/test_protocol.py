@@ -28,7 +28,7 @@ from backend.processor import PreparedRequests
 from backend.transport.peers import FrontendLost
 from backend.transport.server import SocketServer
 from frontend.backend_client import BackendClient
-from protocol.codec import TO_BACKEND_TYPES, TO_FRONTEND_TYPES, backend_codec, frontend_codec
+from protocol.codec import ToBackend, ToFrontend, backend_codec, frontend_codec
 from protocol.common import BackendStats, ErrorInfo, Fingerprint
 from protocol.control import (
     DeadEvent,
@@ -90,6 +90,9 @@ GOLDEN_PATH = Path(__file__).parent / "golden" / f"protocol_v{PROTOCOL_VERSION}.
 IS_REGEN = os.environ.get("POCSERVE_REGEN_GOLDEN") == "1"
 REGEN_HINT = "run POCSERVE_REGEN_GOLDEN=1 pytest tests/unit/test_protocol.py and review the JSON diff"
 
+# The members of each direction's union.
+TO_BACKEND_TYPES: tuple[type, ...] = ToBackend.__args__
+TO_FRONTEND_TYPES: tuple[type, ...] = ToFrontend.__args__
 ALL_MESSAGE_TYPES: tuple[type, ...] = TO_BACKEND_TYPES + TO_FRONTEND_TYPES
 # Answered by the io thread itself (backend/ipc.py SocketServer._on_frames), never queued for the engine thread.
 # Answered (or passed to the processor) by the io thread itself, never the engine thread.

@@ -14,7 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sampling.compare_cli import main
-from sampling.distance import build_enforced_tokens, distance2, positions_from_openai, token_distance2
+from sampling.distance import distance2, positions_from_openai, token_distance2
+from tests.integration.replay_util import build_enforced_tokens
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
