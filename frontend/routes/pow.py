@@ -32,11 +32,6 @@ log = structlog.get_logger(__name__)
 # Control calls are answered between engine steps; /stop may first flush callbacks for a few seconds.
 CONTROL_TIMEOUT_S = 30.0
 
-# Protocol version from which a backend has each feature (all of them since the first).
-_FEATURES_SINCE = {"poc_validation_inference": 1, "stronger_rng": 1, "enforced_tokens": 1, "logprobs_mode": 1,
-                   "stat_test_p_value_threshold": 1}
-
-
 def job_result_fields(job: JobView) -> dict:
     """The stored result of a completed job: artifacts + encoding, or the validation outcome."""
     if job.validation is not None:
@@ -69,11 +64,12 @@ def status_body(reply: PowStatusReply) -> dict:
 
 
 def versions_body(fp: Fingerprint) -> dict:
-    capabilities = {name: fp.protocol_version >= since for name, since in _FEATURES_SINCE.items()}
-    capabilities["shared_mode"] = fp.scheduling_mode == "shared"
+    """vllm_version and poc_validation_inference, the fields the ML node reads (gonka-ai/gonka's mlnode, its
+    api/routes.py; dapi gets the latter from the ML node's /state), plus the backend's scheduling mode and
+    protocol version. No feature list: a backend talks only to frontends of its own protocol version
+    (backend/transport/control.py refuses the others), so every feature would always read true."""
     return {"vllm_version": fp.vllm_version, "poc_validation_inference": True,
-            "scheduling_mode": fp.scheduling_mode, "protocol_version": fp.protocol_version,
-            "capabilities": capabilities}
+            "scheduling_mode": fp.scheduling_mode, "protocol_version": fp.protocol_version}
 
 
 async def _call(request: Request, msg, timeout_s: float | None = CONTROL_TIMEOUT_S):

@@ -336,10 +336,7 @@ async def test_pow_versions_from_the_fingerprint(api, fp, mode):
     r = await http.get(f"{BASE}/versions")
     assert r.status_code == 200
     assert r.json() == {
-        "vllm_version": "0.26.0", "poc_validation_inference": True, "scheduling_mode": mode, "protocol_version": 1,
-        "capabilities": {"poc_validation_inference": True, "stronger_rng": True, "enforced_tokens": True,
-                         "logprobs_mode": True, "stat_test_p_value_threshold": True,
-                         "shared_mode": mode == "shared"}}
+        "vllm_version": "0.26.0", "poc_validation_inference": True, "scheduling_mode": mode, "protocol_version": 1}
     assert fake.calls == []
 
 
