@@ -37,7 +37,8 @@ def test_engine_compat_private_symbol_exists(module, name, attrs):
 
 
 def test_engine_compat_installed_version_is_supported():
-    compat.check_version(vllm.__version__)
+    assert vllm.__version__.startswith(compat.SUPPORTED_VERSIONS)
+    compat.check_version(vllm.__version__)  # no UnsupportedVersionError
 
 
 @pytest.mark.parametrize("version", ["0.25.1", "0.30.0", "1.0.0"])

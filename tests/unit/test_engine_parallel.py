@@ -27,7 +27,7 @@ def _settings(*argv: str) -> backend_settings.BackendSettings:
 ], ids=["tiny-1", "tiny-tp2", "tiny-tp4-kv-replicated", "tiny-pp4", "tiny-tp2pp2", "moe-tp8", "moe-tp4pp2",
         "moe-tp16-kv-replicated", "no-config"])
 def test_engine_parallel_check_split_accepts(config, tp, pp):
-    parallel.check_split(config, tp, pp)
+    assert parallel.check_split(config, tp, pp) is None  # no SettingsError
 
 
 @pytest.mark.parametrize(("config", "tp", "pp", "setting", "words"), [

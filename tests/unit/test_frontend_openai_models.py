@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from frontend import convert
 from frontend.openai_models import ChatCompletionRequest, CompletionRequest
-from protocol.codec import frontend_codec
+from protocol.codec import backend_codec, frontend_codec
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
 COMPLETION = {"model": "tiny", "prompt": "hi"}
@@ -57,9 +57,14 @@ def test_openai_models_largest_accepted_values_encode_for_the_backend():
         **CHAT, "messages": [{"role": "user", "content": "\U0001f600 ok"}], "stop_token_ids": [2**63 - 1],
         "top_k": 2**63 - 1, "min_tokens": 2**63 - 1, "max_tokens": 2**63 - 1, "seed": -(2**63),
         "repetition_penalty": 1e308})
-    frontend_codec().encode(convert.chat_request("r1", body))
+    msg = backend_codec().decode(frontend_codec().encode(convert.chat_request("r1", body)))
+    s = msg.sampling
+    assert msg.rid == "r1" and [m.content for m in msg.messages] == ["\U0001f600 ok"]
+    assert (s.stop_token_ids, s.top_k, s.min_tokens, s.max_tokens, s.seed, s.repetition_penalty) == (
+        [2**63 - 1], 2**63 - 1, 2**63 - 1, 2**63 - 1, -(2**63), 1e308)
     body = CompletionRequest.model_validate({**COMPLETION, "max_tokens": 2**63 - 1, "stop_token_ids": [0]})
-    frontend_codec().encode(convert.completion_request("r2", body))
+    msg = backend_codec().decode(frontend_codec().encode(convert.completion_request("r2", body)))
+    assert (msg.rid, msg.prompt, msg.sampling.max_tokens, msg.sampling.stop_token_ids) == ("r2", "hi", 2**63 - 1, [0])
 
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}

@@ -73,8 +73,10 @@ def test_pow_models_init_defaults_leave_batch_size_to_the_backend():
 
 
 def test_pow_models_init_accepts_the_last_node_and_group():
-    InitGenerateRequest.model_validate({**NODE, "node_id": 2, "group_id": 3, "n_groups": 4, "params": PARAMS,
-                                        "url": "HTTPS://dapi:9100/v2/poc-batches/m"})
+    msg = InitGenerateRequest.model_validate({**NODE, "node_id": 2, "group_id": 3, "n_groups": 4, "params": PARAMS,
+                                              "url": "HTTPS://dapi:9100/v2/poc-batches/m"}).to_wire("r")
+    assert (msg.node.node_id, msg.node.node_count, msg.group_id, msg.n_groups) == (2, 3, 3, 4)
+    assert msg.url == "HTTPS://dapi:9100/v2/poc-batches/m"
 
 
 def test_pow_models_init_accepts_node_ids_past_node_count():

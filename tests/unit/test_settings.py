@@ -64,7 +64,11 @@ def test_settings_bool_cli_beats_env_beats_default(module, name, env, flag):
 
 @pytest.mark.parametrize("module", MODULES, ids=IDS)
 def test_settings_defaults_load_without_env(module):
-    module.load_settings([], {})
+    settings = module.load_settings([], {})
+    # Settings without a converter hold their declared default as is (frontend_id's empty default makes the
+    # frontend name itself host-pid: tested below).
+    plain = [o for o in module.OPTIONS if o.convert is None and o.name != "frontend_id"]
+    assert plain and {o.name: getattr(settings, o.name) for o in plain} == {o.name: o.default for o in plain}
 
 
 def test_settings_frontend_id_defaults_to_host_pid():
