@@ -1,0 +1,296 @@
+"""Unit tests for backend/processor/main.py: the processor's loop on its link, driven from the engine's end of a
+real PAIR socket, with stand-ins for the preparer, presenter and /tokenize (no engine, no tokenizer)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+import zmq
+from vllm import SamplingParams
+from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest
+
+from backend.errors import RequestError
+from backend.processor import PreparedRequests
+from backend.processor.link import EngineSide
+from backend.processor.main import INLINE_TEXT_CHARS, Processor, text_chars
+from backend.processor.prepare import EngineRequests
+from common.sockets import make_socket
+from protocol.codec import frontend_codec
+from protocol.control import MetricsReply
+from protocol.generate import ChatMessage, DeltasEvent, GenerateRequest, SamplingSpec
+from protocol.processor import (
+    FORWARD,
+    EngineBuilt,
+    ForgetRequest,
+    MetricsJob,
+    PrepareFailed,
+    PrepareRequest,
+    ProcessorReady,
+    ProcessorStats,
+    StopStringsHit,
+    TokenizeJob,
+)
+from protocol.tokenize import TokenizeReply, TokenizeRequest
+from tests.unit.fake_backend import delta
+
+WAIT_MS = 5000
+
+
+class Stop(Exception):
+    """Raised inside the loop (by the presenter's stats) to end a test's processor thread."""
+
+
+@dataclass
+class Tokenized:
+    parsing: object = None
+
+
+class FakePreparer:
+    """tokenize answers Tokenized() or raises `tokenize_error`; to_engine one request per choice or `engine_error`.
+    Records the thread each tokenize ran on."""
+
+    def __init__(self) -> None:
+        self.tokenize_error: Exception | None = None
+        self.engine_error: Exception | None = None
+        self.threads: list[str] = []
+
+    def tokenize(self, req: GenerateRequest) -> Tokenized:
+        self.threads.append(threading.current_thread().name)
+        if self.tokenize_error is not None:
+            raise self.tokenize_error
+        return Tokenized()
+
+    def to_engine(self, engine_rid: str, req: GenerateRequest, tokenized: Tokenized) -> EngineRequests:
+        if self.engine_error is not None:
+            raise self.engine_error
+        return EngineRequests([_engine_request(f"{i}_{engine_rid}-int") for i in range(req.sampling.n)])
+
+
+def _engine_request(request_id: str) -> EngineCoreRequest:
+    return EngineCoreRequest(request_id=request_id, prompt_token_ids=[1, 2], mm_features=None,
+                             sampling_params=SamplingParams(max_tokens=4), pooling_params=None, arrival_time=0.0,
+                             lora_request=None, cache_salt=None, data_parallel_rank=None)
+
+
+@dataclass
+class Iterations:
+    count: int = 0
+
+
+@dataclass
+class Stats:
+    iterations: Iterations = field(default_factory=Iterations)
+    stop: bool = False
+
+    def snapshot(self) -> ProcessorStats:
+        if self.stop:
+            raise Stop
+        return ProcessorStats(num_prompt_tokens=0, num_generation_tokens=self.iterations.count,
+                              num_finished_requests=0, iteration_tokens_counts=[], iteration_tokens_sum=0.0,
+                              iteration_tokens_count=self.iterations.count)
+
+
+class FakeMetrics:
+    def __init__(self) -> None:
+        self.num_gpu_blocks: int | None = None
+
+    def render(self) -> bytes:
+        return b"vllm:num_requests_running 0\n"
+
+    def engine_built(self, num_gpu_blocks: int) -> None:
+        self.num_gpu_blocks = num_gpu_blocks
+
+
+class FakePresenter:
+    def __init__(self) -> None:
+        self.stats = Stats()
+        self.metrics = FakeMetrics()
+        self.added: list[tuple] = []
+        self.forgotten: list[str] = []
+        self.outputs: tuple[dict, list[str]] = ({}, [])
+
+    def add(self, engine, identity, rid, num_top_logprobs, is_stream, parsing=None) -> None:
+        self.added.append((identity, rid, num_top_logprobs, is_stream, [r.request_id for r in engine.requests]))
+
+    def forget(self, engine_rids: list[str]) -> None:
+        self.forgotten += engine_rids
+
+    def present(self, outputs: EngineCoreOutputs) -> tuple[dict, list[str]]:
+        return self.outputs
+
+
+class FakeTokenization:
+    def __init__(self) -> None:
+        self.threads: list[str] = []
+
+    def answer(self, req: TokenizeRequest) -> TokenizeReply:
+        self.threads.append(threading.current_thread().name)
+        return TokenizeReply(rid=req.rid, tokens=[len(req.prompt or "")])
+
+
+class Engine:
+    """The engine process's end of the link."""
+
+    def __init__(self, sock: zmq.Socket, processor: Processor) -> None:
+        self.sock = sock
+        self.processor = processor
+        self.codec = EngineSide()
+        self.frontend = frontend_codec()
+
+    def send(self, msg) -> None:
+        self.sock.send_multipart(self.codec.encode(msg))
+
+    def receive(self):
+        """The next message from the processor other than its periodic stats: a FromProcessor struct, a
+        PreparedRequests, or (FORWARD) a list of (identity, decoded ToFrontend message)."""
+        while True:
+            assert self.sock.poll(WAIT_MS), "no message from the processor"
+            frames = self.sock.recv_multipart()
+            if frames[0] == FORWARD:
+                return [(frames[i], self.frontend.decode(frames[i + 1])) for i in range(1, len(frames), 2)]
+            msg = self.codec.decode(frames)
+            if not isinstance(msg, ProcessorStats):
+                return msg
+
+    def next_stats(self, ms: int) -> ProcessorStats | None:
+        """The next stats snapshot within `ms` (None if none came), skipping anything else."""
+        while self.sock.poll(ms):
+            msg = self.codec.decode(self.sock.recv_multipart())
+            if isinstance(msg, ProcessorStats):
+                return msg
+        return None
+
+    def is_quiet(self, ms: int = 200) -> bool:
+        """Nothing but stats arrives for `ms`."""
+        while self.sock.poll(ms):
+            if not isinstance(self.codec.decode(self.sock.recv_multipart()), ProcessorStats):
+                return False
+        return True
+
+
+@pytest.fixture
+def parts():
+    return FakePreparer(), FakePresenter(), FakeTokenization()
+
+
+@pytest.fixture
+def engine(parts) -> Iterator[Engine]:
+    preparer, presenter, tokenizing = parts
+    ctx = zmq.Context()
+    link, peer = make_socket(ctx, zmq.PAIR), make_socket(ctx, zmq.PAIR)
+    link.bind("inproc://link")
+    peer.connect("inproc://link")
+    processor = Processor(ctx, link, preparer, presenter, tokenizing)
+
+    def serve() -> None:
+        with contextlib.suppress(Stop):
+            processor.run(ProcessorReady(pid=7, vocab_size=512))
+
+    thread = threading.Thread(target=serve, name="processor", daemon=True)
+    thread.start()
+    side = Engine(peer, processor)
+    assert side.receive() == ProcessorReady(pid=7, vocab_size=512)
+    yield side
+    presenter.stats.stop = True
+    presenter.stats.iterations.count += 1  # the loop reads the snapshot only when the count changed
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+    ctx.destroy(linger=0)
+
+
+def _prepare(engine_rid: str = "e1", n: int = 1, prompt: str = "hi", **kw) -> PrepareRequest:
+    request = GenerateRequest(rid="r1", sampling=SamplingSpec(n=n, logprobs=2), prompt=prompt, stream=True, **kw)
+    return PrepareRequest(engine_rid=engine_rid, identity=b"fe-1", request=request)
+
+
+def test_text_chars_counts_everything_the_tokenizer_reads():
+    req = GenerateRequest(rid="r", sampling=SamplingSpec(enforced_str="abc"), prompt="hello",
+                          messages=[ChatMessage(role="user", content="hi"), ChatMessage(role="user", content="you")])
+    assert text_chars(req) == 5 + 3 + 2 + 3
+    assert text_chars(GenerateRequest(rid="r", sampling=SamplingSpec())) == 0
+
+
+def test_a_prepared_request_is_routed_and_its_engine_requests_sent(engine, parts):
+    preparer, presenter, _ = parts
+    engine.send(_prepare(n=2))
+    reply = engine.receive()
+    assert isinstance(reply, PreparedRequests)
+    assert (reply.header.engine_rid, reply.header.internal_ids) == ("e1", ["0_e1-int", "1_e1-int"])
+    assert [r.request_id for r in reply.requests] == ["0_e1-int", "1_e1-int"]
+    assert presenter.added == [(b"fe-1", "r1", 2, True, ["0_e1-int", "1_e1-int"])]
+    assert preparer.threads == ["processor"]  # short prompts are tokenized inline
+
+
+def test_a_long_prompt_is_tokenized_on_the_helper_thread(engine, parts):
+    preparer, _, tokenizing = parts
+    engine.send(_prepare(prompt="x" * (INLINE_TEXT_CHARS + 1)))
+    assert isinstance(engine.receive(), PreparedRequests)
+    engine.send(TokenizeJob(identity=b"fe-2", request=TokenizeRequest(rid="t1", prompt="y" * (INLINE_TEXT_CHARS + 1))))
+    assert engine.receive() == [(b"fe-2", TokenizeReply(rid="t1", tokens=[INLINE_TEXT_CHARS + 1]))]
+    assert preparer.threads == tokenizing.threads == ["tokenize"]
+
+
+def test_a_refused_request_gets_prepare_failed_with_the_error(engine, parts):
+    preparer, presenter, _ = parts
+    preparer.tokenize_error = RequestError("n must be between 1 and 4", param="n")
+    engine.send(_prepare())
+    assert engine.receive() == PrepareFailed(engine_rid="e1", error=RequestError("n must be between 1 and 4",
+                                                                                  param="n").info())
+    preparer.tokenize_error = None
+    preparer.engine_error = RequestError("invalid response_format: bad", param="response_format")
+    engine.send(_prepare("e2"))
+    reply = engine.receive()
+    assert (reply.engine_rid, reply.error.param, reply.error.status) == ("e2", "response_format", 400)
+    assert presenter.added == []
+
+
+def test_an_unexpected_failure_fails_that_request_only(engine, parts):
+    preparer, _, _ = parts
+    preparer.engine_error = KeyError("boom")
+    engine.send(_prepare())
+    reply = engine.receive()
+    assert isinstance(reply, PrepareFailed) and reply.engine_rid == "e1"
+    assert reply.error.status == 500 and reply.error.message == "internal error: 'boom'"
+    preparer.engine_error = None
+    engine.send(_prepare("e2"))
+    assert isinstance(engine.receive(), PreparedRequests)  # the processor goes on
+
+
+def test_outputs_become_deltas_per_frontend_and_stop_strings_go_to_the_engine(engine, parts):
+    _, presenter, _ = parts
+    presenter.outputs = ({b"fe-1": [delta("r1", "a")], b"fe-2": [delta("r2", "b"), delta("r3", "c", "stop")]},
+                         ["0_e3-int"])
+    engine.send(EngineCoreOutputs(outputs=[]))
+    forwarded = engine.receive()
+    assert [(identity, [d.rid for d in msg.deltas]) for identity, msg in forwarded] == [
+        (b"fe-1", ["r1"]), (b"fe-2", ["r2", "r3"])]
+    assert all(isinstance(msg, DeltasEvent) for _, msg in forwarded)
+    assert engine.receive() == StopStringsHit(internal_ids=["0_e3-int"])
+    presenter.outputs = ({}, [])
+    engine.send(EngineCoreOutputs(outputs=[]))
+    assert engine.is_quiet()  # nothing to send for an empty step
+
+
+def test_tokenize_metrics_forget_and_engine_built(engine, parts):
+    _, presenter, _ = parts
+    engine.send(TokenizeJob(identity=b"fe-1", request=TokenizeRequest(rid="t1", prompt="abc")))
+    assert engine.receive() == [(b"fe-1", TokenizeReply(rid="t1", tokens=[3]))]
+    engine.send(MetricsJob(identity=b"fe-2", rid="m1"))
+    assert engine.receive() == [(b"fe-2", MetricsReply(rid="m1", text=b"vllm:num_requests_running 0\n"))]
+    engine.send(ForgetRequest(engine_rids=["e1", "e2"]))
+    engine.send(EngineBuilt(num_gpu_blocks=321))
+    engine.send(MetricsJob(identity=b"fe-2", rid="m2"))  # answered after the two above were handled
+    assert isinstance(engine.receive()[0][1], MetricsReply)
+    assert presenter.forgotten == ["e1", "e2"] and presenter.metrics.num_gpu_blocks == 321
+
+
+def test_stats_go_to_the_engine_when_the_iterations_change(engine, parts):
+    _, presenter, _ = parts
+    assert engine.next_stats(WAIT_MS).iteration_tokens_count == 0  # the first snapshot goes at once
+    assert engine.next_stats(500) is None  # no new iteration, no new snapshot
+    presenter.stats.iterations.count = 5
+    assert engine.next_stats(WAIT_MS).iteration_tokens_count == 5
