@@ -1,4 +1,5 @@
-"""The backend's errors, one type per tier (ARCHITECTURE §7), and the one place that builds the wire error.
+"""The backend's errors, one type per tier (docs/architecture.md, "Errors"), and the one place that builds the wire
+error.
 
 - RequestError: the request is refused: a client mistake (4xx) or a refusal such as the PoC gate or a full queue
   (503, 429). The loop goes on.
@@ -56,5 +57,7 @@ def pow_error(status: int, message: str, param: str | None = None) -> RequestErr
 
 
 def gate_error() -> RequestError:
-    """Chat while a mining round holds the engine in exclusive mode (spec §7)."""
+    """Chat while a mining round holds the engine in exclusive mode: the fork's 503 and body (docs/architecture.md,
+    "The network's contract"; docs/decisions.md, "Error types: one per tier; the fork's strings where clients match
+    on them")."""
     return RequestError(POC_GATE_MESSAGE, status=503, type="service_unavailable")

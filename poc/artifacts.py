@@ -1,6 +1,7 @@
 """PoC v2 artifacts: last hidden states -> (kept nonces, fp16 vectors) -> `vector_b64` strings.
 
-Spec §1.8 in exact order, with the qd/combine NaN policy of §1.9 widened to every non-finite value: a row
+The steps of docs/architecture.md ("The network's contract", PoC v2 artifacts step by step) in exact order,
+with the NaN policy of the fork's qd/combine branch (NaN rows dropped) widened to every non-finite value: a row
 that is not finite is dropped before normalisation and again after the fp16 cast, and its nonce simply
 vanishes from the output (it still counted as processed upstream). Inf is treated like NaN because an Inf
 row would only turn into NaN at normalisation anyway; dropping it early says so plainly.
@@ -45,7 +46,7 @@ def compute_artifact_vectors(
     nonces: Sequence[int],
     k_dim: int = DEFAULT_K_DIM,
 ) -> tuple[list[int], torch.Tensor]:
-    """Steps 1–8 of spec §1.8 on last_hidden [B, H]; returns (kept nonces, fp16 vectors [B', k_dim]).
+    """Steps 1–8 (module docstring) on last_hidden [B, H]; returns (kept nonces, fp16 vectors [B', k_dim]).
 
     Runs on last_hidden's device. Row b belongs to nonces[b]; output rows keep that order. An all-bad
     batch gives ([], an empty [0, k_dim] fp16 tensor).

@@ -1,7 +1,8 @@
 """Counter-based RNG of PoC v2: the murmur3 variant, uniforms, Box–Muller normals and input embeddings.
 
-Spec §1.3–1.5 and §1.7. Everything is batched over seeds (one row per seed) and runs on whatever device is
-passed in, so the prover (GPU) and a validator produce the same streams. Numerics follow the reference
+What the fork's `gpu_random.py` computes (docs/architecture.md, "The network's contract"; tests/unit/test_poc_rng.py
+pins its golden values). Everything is batched over seeds (one row per seed) and runs on whatever device is passed
+in, so the prover (GPU) and a validator produce the same streams. Numerics follow the reference
 `gpu_random.py` op for op: float32 throughout, and the cast to the model dtype happens per element as the
 last step.
 
@@ -78,7 +79,7 @@ def _rotl32(x: torch.Tensor, r: int) -> torch.Tensor:
 def murmur3_32(keys: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
     """The PoC murmur3 variant of every key under every seed: keys [K], seeds [S] -> int64 [S, K].
 
-    MurmurHash3_x86_32 of one 4-byte block with the `h ^= length` step left out (spec §1.3).
+    MurmurHash3_x86_32 of one 4-byte block with the `h ^= length` step left out, as the fork's.
     Results are uint32 values held in int64.
     """
     k = keys.to(torch.int64).reshape(-1) & MASK32
@@ -122,7 +123,7 @@ def normal_into(
 ) -> torch.Tensor:
     """Fill `out` [S, n] (any float dtype, may be a column slice) with normal(seed_s, n) per row; returns out.
 
-    Layout (spec §1.4): with P = ceil(n/2), column i < P is the cos half of pair i and column P+i the sin
+    Layout (the fork's): with P = ceil(n/2), column i < P is the cos half of pair i and column P+i the sin
     half of pair i (not interleaved); the last sin value is dropped when n is odd. Values are computed in
     float32 and rounded to out.dtype on store, which equals casting a full float32 result at the end.
     """
@@ -219,7 +220,8 @@ def stronger_inputs(
     max_tile_pairs: int = DEFAULT_MAX_TILE_PAIRS,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """"Concat-murmur" inputs (spec §1.5): 8 segments of ceil(N/8), segment j = normal(s_j, its length).
+    """"Concat-murmur" inputs (the fork's stronger RNG): 8 segments of ceil(N/8), segment j = normal(s_j, its
+    length).
 
     `sub_seed_rows` is [B, 8]. Each segment does its own cos/sin split, so this differs from the standard
     generator even in segment 0. Segments that would start at or past N are skipped. `out` as above.
@@ -252,7 +254,7 @@ def input_embeddings(
     """The PoC inputs_embeds for a batch of nonces: [B, L, H] in the model dtype, nonce order kept.
 
     `out`, if given, is a contiguous [B, L, H] buffer to fill instead of allocating one; either way the
-    stronger flag is honoured (the reference's scratchpad path silently ignored it, spec §1.10).
+    stronger flag is honoured (the fork's scratchpad path silently ignored it).
     """
     if len(nonces) == 0:
         raise PocInputError("nonces", "nonce list is empty")
@@ -267,7 +269,7 @@ def householder_vectors(
     block_hash: str, num_layers: int, hidden_size: int, device: torch.device | str
 ) -> torch.Tensor:
     """Unit float32 vectors of layers 0..num_layers-1, stacked [num_layers, H]: layer i's is
-    normal(S(householder string of i), H) / ‖·‖, with no epsilon (spec §1.7)."""
+    normal(S(householder string of i), H) / ‖·‖, with no epsilon, as the fork's."""
     if num_layers < 0:
         raise PocInputError("num_layers", f"must be non-negative, got {num_layers}")
     if num_layers == 0:

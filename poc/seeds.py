@@ -1,4 +1,4 @@
-"""Seed strings and string-to-seed hashing for PoC v2 (spec §1.2).
+"""Seed strings and string-to-seed hashing for PoC v2 (pinned by tests/unit/test_poc_seeds.py).
 
 Every random stream in PoC v2 is keyed by a uint32 derived from a fixed string; the string formats are part
 of the consensus contract, so they live here and nowhere else. Nonces are written as Python decimal ints

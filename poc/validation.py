@@ -1,4 +1,5 @@
-"""Validation math of PoC v2 (spec §3): per-artifact mismatch, the binomial fraud test, the result dict.
+"""Validation math of PoC v2 (the fork's; docs/architecture.md, "The network's contract"): per-artifact mismatch,
+the binomial fraud test, the result dict.
 
 Pure functions over already-computed artifacts; the recomputation itself happens in the worker. The
 statistics parameters travel as a frozen `StatTest`.
@@ -40,7 +41,7 @@ class StatTest:
 
 
 def is_mismatch(computed: np.ndarray, received_b64: str, k_dim: int, dist_threshold: float) -> bool:
-    """Whether one received vector fails against the computed fp16-decoded vector (spec §3 steps 2–5).
+    """Whether one received vector fails against the computed fp16-decoded vector.
 
     Mismatch when the received vector is undecodable, its shape is not (k_dim,), any value is non-finite,
     or L2(computed − received) > dist_threshold (strictly). An undecodable vector cannot have shape (k_dim,),
@@ -109,6 +110,6 @@ def validate_artifacts(
     k_dim: int,
     stat_test: StatTest,
 ) -> dict[str, Any]:
-    """Full spec §3: n_total = len(request_nonces) with duplicates; NaN-dropped nonces never mismatch."""
+    """The whole validation: n_total = len(request_nonces) with duplicates; NaN-dropped nonces never mismatch."""
     mismatch_nonces = find_mismatches(computed, validation_map, k_dim, stat_test.dist_threshold)
     return validation_result(len(request_nonces), mismatch_nonces, stat_test)

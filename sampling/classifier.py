@@ -1,4 +1,5 @@
-"""The on-validation logprobs-mode classifier: guesses which mode produced an inference (spec §5).
+"""The on-validation logprobs-mode classifier: guesses which mode produced an inference
+(docs/architecture.md, "The network's contract").
 
 A validator replaying `enforced_tokens` without `logprobs_mode` must use the mode the inference ran in.
 In processed mode, top-k slots past the surviving tokens hold -inf and get filled with the lowest vocab

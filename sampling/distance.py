@@ -1,4 +1,4 @@
-"""The distance2 metric that compares an inference with its validation replay (spec §4.4).
+"""The distance2 metric that compares an inference with its validation replay.
 
 Mirrors `token_distance2`/`distance2` of the fork's `tests/gonka/live_conftest.py` (itself a copy of the Go
 `customDistance`/`positionDistance`), plus the helper that turns an OpenAI chat response into the per-position
@@ -97,7 +97,7 @@ def distance2(inf_seq: Sequence[PositionResult], val_seq: Sequence[PositionResul
 def positions_from_openai(content: Sequence[Mapping[str, Any]]) -> list[PositionResult]:
     """Turn `choices[0].logprobs.content` of a chat response into the per-position result format.
 
-    Only `top_logprobs` feed the dict (the position's own logprob is already its first entry, §4.3).
+    Only `top_logprobs` feed the dict (the position's own logprob is already its first entry).
     Raises KeyError/TypeError/ValueError on a malformed entry; the caller validates its input.
     """
     positions: list[PositionResult] = []

@@ -1,4 +1,5 @@
-"""Decoding of the `enforced_tokens` / `enforced_str` request fields into token ids (spec §4.1).
+"""Decoding of the `enforced_tokens` / `enforced_str` request fields into token ids
+(docs/architecture.md, "The network's contract").
 
 Pure: the tokenizer comes in as an `encode(text) -> list[int]` callable (the caller binds
 add_special_tokens=False), so the frontend can validate requests without torch or vLLM. Also resolves

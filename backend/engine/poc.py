@@ -77,7 +77,8 @@ class PocRunner:
         """One forward over `nonces` (already ≤ max_batch); shrinks to what the free blocks allow.
 
         Returns (artifacts, number of nonces run): the run ones are a prefix of `nonces`; NaN rows are
-        missing from the artifacts (spec §1.9) but still count as run."""
+        missing from the artifacts (poc/artifacts.py drops every row that is not finite) but still count as
+        run."""
         nonces, block_ids = self._lease_for(job, nonces)
         spec = job.spec
         try:

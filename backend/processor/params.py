@@ -119,7 +119,7 @@ class Vocab:
 
 
 def _enforced(spec: SamplingSpec, vocab: Vocab) -> EnforcedSequence | None:
-    """enforced_str wins over enforced_tokens (spec §4.1)."""
+    """enforced_str wins over enforced_tokens when a request gives both (tests/unit/test_processor_params.py)."""
     if spec.enforced_str is not None:
         vocab.check_fits(spec.enforced_str, "enforced_str")  # it becomes at most max_model_len tokens
         return decode_enforced_str(spec.enforced_str, vocab.encode, vocab.eos_id)

@@ -1,7 +1,8 @@
 """Gonka PoC routes (/api/v1/pow/*): validate → convert → await the backend → shape the fork's response.
 
 The backend decides everything (params check, gating, queue cap, round state); its ErrorInfo keeps its status
-(409, 400, 404, 429, 503) through BackendRequestError. Shapes follow spec/reference-behavior.md §2.3.
+(409, 400, 404, 429, 503) through BackendRequestError. Shapes are the fork's (docs/architecture.md, "The network's
+contract"; pinned by tests/unit/test_frontend_pow.py and tests/integration/test_pow_api.py).
 """
 
 from __future__ import annotations
@@ -64,9 +65,9 @@ def status_body(reply: PowStatusReply) -> dict:
 
 
 def versions_body(fp: Fingerprint) -> dict:
-    """vllm_version and poc_validation_inference, the fields the ML node reads (gonka-ai/gonka's mlnode, its
-    api/routes.py; dapi gets the latter from the ML node's /state), plus the backend's scheduling mode and
-    protocol version. No feature list: a backend talks only to frontends of its own protocol version
+    """vllm_version and poc_validation_inference, the fields the ML node reads (gonka-ai/gonka's
+    mlnode/packages/api/src/api/routes.py; dapi gets the latter from the ML node's /state), plus the backend's
+    scheduling mode and protocol version. No feature list: a backend talks only to frontends of its own protocol version
     (backend/transport/control.py refuses the others), so every feature would always read true."""
     return {"vllm_version": fp.vllm_version, "poc_validation_inference": True,
             "scheduling_mode": fp.scheduling_mode, "protocol_version": fp.protocol_version}

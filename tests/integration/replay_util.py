@@ -1,7 +1,9 @@
-"""Helpers shared by the validator-replay integration tests (spec §4, §5, §6, §8.2, §8.4, §8.6).
+"""Helpers shared by the validator-replay integration tests (test_validation_replay.py, test_logprobs_mode.py,
+test_grammar_degradation.py: our versions of the fork's live tests in tests/gonka/).
 
 A replay is what the Go validator does: re-send the original request body, plus `enforced_tokens` built
-from the inference's logprobs (§8 harness `build_enforced_tokens`), and compare with distance2 (§4.4).
+from the inference's logprobs (`build_enforced_tokens` of the fork's tests/gonka/live_conftest.py), and compare
+with distance2 (sampling/distance.py).
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ import httpx
 
 from sampling.distance import distance2, positions_from_openai
 
-# The §8 harness's default chat body.
+# The default chat body of the fork's live tests (tests/gonka/live_conftest.py `chat_request`).
 DEFAULT_CHAT = {"temperature": 0.99, "seed": 42, "logprobs": True, "top_logprobs": 5, "n": 1,
                 "skip_special_tokens": False, "stream": False}
 # The −9999 clamp of masked (−inf) logprobs; anything at or below this counts as masked.
 MASKED = -9990.0
-# §4.4 threshold for an honest replay.
+# The distance2 bound of an honest replay (the fork's tests/gonka/test_live_validation.py).
 HONEST = 0.05
 
 
@@ -52,8 +54,9 @@ def top_values(resp: dict[str, Any]) -> list[float]:
 
 
 def build_enforced_tokens(content: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """The `enforced_tokens` payload that replays a chat response (`choices[0].logprobs.content`), as the §8
-    harness builds it: each position's token, then its top tokens (none where top_logprobs is empty or null)."""
+    """The `enforced_tokens` payload that replays a chat response (`choices[0].logprobs.content`), as the fork's
+    tests/gonka/live_conftest.py builds it: each position's token, then its top tokens (none where top_logprobs is
+    empty or null)."""
     tokens = [{"token": str(p["token"]), "top_tokens": [str(e["token"]) for e in p.get("top_logprobs") or []]}
               for p in content]
     return {"tokens": tokens}

@@ -1,7 +1,8 @@
 """The Gonka PoC API (/api/v1/pow/*) end to end on the shared stack (exclusive mode): artifacts, errors, gating.
 
-Spec: reference-behavior.md §2 (routes, shapes, check order), §7 (503 gating, abort in flight), §8.1 and §8.5
-(the fork's live tests, in our own version). Every test that starts a mining round stops it in `finally`, so the
+The contract (docs/architecture.md, "The network's contract"): routes, shapes and check order; chat gated with
+503 and aborted in flight; and our versions of the fork's live tests tests/gonka/test_live_poc.py and
+tests/gonka/test_live_chat_priority.py. Every test that starts a mining round stops it in `finally`, so the
 stack is left idle for the other modules. Mining here never has a callback url (nothing lands in the stack's
 default state dir); callbacks are covered by test_pow_mining.py on a backend of its own.
 """
@@ -85,7 +86,7 @@ def assert_error(r: httpx.Response, status_code: int, message: str | None = None
     return error
 
 
-# --- §8.1: artifacts through /generate wait=true ---
+# --- artifacts through /generate wait=true (the fork's tests/gonka/test_live_poc.py) ---
 
 def test_generate_four_finite_artifacts_with_exact_shape(pow_url):
     r = generate(pow_url, [0, 1, 2, 3], seq_len=64)
@@ -134,7 +135,7 @@ def test_generate_five_rounds_are_stable(pow_url):
     assert len(distances) == 20 and np.mean(distances) < 0.1 and max(distances) < 0.3
 
 
-# --- errors (§2.3) ---
+# --- errors (the fork's status codes and bodies) ---
 
 def test_params_model_mismatch_is_409_with_a_json_body(pow_url, stack):
     for path, body in (("init/generate", {**node(), "params": params(64, model="other")}),
@@ -255,7 +256,7 @@ def test_two_frontends_report_the_same_status_during_a_round(pow_url, token_fron
         stop(pow_url)
 
 
-# --- §8.5 chat priority (exclusive mode) ---
+# --- chat priority (exclusive mode; the fork's tests/gonka/test_live_chat_priority.py) ---
 
 def test_chat_is_503_during_mining_and_200_after_stop(pow_url, stack):
     assert chat(stack.base_url).status_code == 200  # 01: baseline
@@ -279,7 +280,8 @@ def test_chat_is_503_during_mining_and_200_after_stop(pow_url, stack):
 
 
 def test_init_aborts_chats_in_flight(pow_url, stack):
-    """§8.5 test 03: a streaming and a non-streaming long chat are running when init arrives."""
+    """The fork's tests/gonka/test_live_chat_priority.py test 03: a streaming and a non-streaming long chat are
+    running when init arrives."""
     started = threading.Event()
     seen: dict = {"tokens": 0, "errors": [], "done": False}
     long_chat = {"model": MODEL, "messages": CHAT["messages"], "max_tokens": LONG_MAX_TOKENS, "ignore_eos": True}

@@ -1,7 +1,8 @@
 """Unit tests for the PoC routes (/api/v1/pow/*): the real FastAPI app over ASGI, a fake backend client.
 
 The fake records every wire message and answers with canned replies, so each test checks both directions:
-HTTP body → msgspec request (fields and defaults) and backend reply → HTTP body (exact shapes, spec §2.3).
+HTTP body → msgspec request (fields and defaults) and backend reply → HTTP body (the fork's exact shapes,
+docs/architecture.md, "The network's contract").
 No ZMQ, no engine: the app's lifespan is not run; app.state gets the fake instead of a BackendClient.
 """
 

@@ -1,4 +1,5 @@
-"""End-to-end artifacts from a synthetic last hidden state (Appendix A) plus encoding and NaN policy."""
+"""End-to-end artifacts from a synthetic last hidden state (golden strings: GOLDEN_B64_H1024) plus encoding and NaN
+policy."""
 
 import base64
 

@@ -1,4 +1,4 @@
-"""NonceIterator examples and argument checks of spec §2.4."""
+"""NonceIterator examples and the argument checks that poc/nonces.py's docstring states."""
 
 import pytest
 

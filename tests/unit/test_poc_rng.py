@@ -1,4 +1,5 @@
-"""Murmur, uniform, Box–Muller, input embeddings and Householder vectors against Appendix A."""
+"""Murmur, uniform, Box–Muller, input embeddings and Householder vectors against golden values
+from an H100 run of the fork's `gpu_random.py` (docs/architecture.md, "The network's contract")."""
 
 import hypothesis.strategies as st
 import numpy as np

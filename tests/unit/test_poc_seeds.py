@@ -1,4 +1,5 @@
-"""Golden seeds of Appendix A and the exact seed-string formats of spec §1.2."""
+"""Golden seeds and the exact seed-string formats of poc/seeds.py, the fork's (docs/architecture.md, "The network's
+contract")."""
 
 import numpy as np
 import pytest

@@ -1,5 +1,5 @@
-"""Validation math of spec §3: mismatch rules, the binomial fraud test, thresholds and StatTest's bounds (the
-frontend parses the wire's stat_test: test_frontend_pow_models.py)."""
+"""Validation math of poc/validation.py: mismatch rules, the binomial fraud test, thresholds and StatTest's bounds
+(the frontend parses the wire's stat_test: test_frontend_pow_models.py)."""
 
 import numpy as np
 import pytest

@@ -94,8 +94,8 @@ REGEN_HINT = "run POCSERVE_REGEN_GOLDEN=1 pytest tests/unit/test_protocol.py and
 TO_BACKEND_TYPES: tuple[type, ...] = ToBackend.__args__
 TO_FRONTEND_TYPES: tuple[type, ...] = ToFrontend.__args__
 ALL_MESSAGE_TYPES: tuple[type, ...] = TO_BACKEND_TYPES + TO_FRONTEND_TYPES
-# Answered by the io thread itself (backend/ipc.py SocketServer._on_frames), never queued for the engine thread.
-# Answered (or passed to the processor) by the io thread itself, never the engine thread.
+# Answered (or passed to the processor) by the io thread itself (backend/transport/server.py
+# SocketServer._on_frames), never queued for the engine thread.
 CONTROL_PLANE_TYPES = {HelloRequest, PingRequest, MetricsRequest}
 
 

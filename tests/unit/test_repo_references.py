@@ -46,36 +46,6 @@ DESIGN_REFERENCE = re.compile(
     r"§\s*\d+(?:\.\d+)*(?:[–-]\d+(?:\.\d+)*)?|\bARCHITECTURE\b|reference-behavior|vllm-integration|\bstyle\.md\b"
     r"|shared/(?:design|spec|gpu)\b|\bAppendix [A-C]\b|(?i:\bthe spec's\b)")
 
-# Findings in files that concurrent work of issue 29 is rewriting (error handling; dead code and the processor's
-# tests): relative path → the tokens still there. Remove an entry once its file no longer has it (a test fails
-# while an entry is stale).
-PENDING: dict[str, set[str]] = {
-    "backend/engine/poc.py": {"§1.9"},
-    "backend/errors.py": {"ARCHITECTURE", "§7"},
-    "backend/processor/params.py": {"§4.1"},
-    "docs/reliability.md": {"test_loop.py"},
-    "frontend/routes/pow.py": {"reference-behavior", "spec/reference-behavior.md", "§2.3", "api/routes.py"},
-    "poc/artifacts.py": {"§1.8", "§1.9"},
-    "poc/rng.py": {"§1.10", "§1.3", "§1.3–1.5", "§1.4", "§1.5", "§1.7"},
-    "poc/seeds.py": {"§1.2"},
-    "poc/validation.py": {"§3"},
-    "sampling/classifier.py": {"§5"},
-    "sampling/distance.py": {"§4.3", "§4.4"},
-    "sampling/enforced_input.py": {"§4.1"},
-    "tests/integration/replay_util.py": {"§4", "§4.4", "§5", "§6", "§8", "§8.2", "§8.4", "§8.6"},
-    "tests/integration/test_pow_api.py": {"reference-behavior", "reference-behavior.md", "§2", "§2.3", "§7", "§8.1",
-                                          "§8.5"},
-    "tests/unit/test_frontend_pow.py": {"§2.3"},
-    "tests/unit/test_poc_artifacts.py": {"Appendix A"},
-    "tests/unit/test_poc_nonces.py": {"§2.4"},
-    "tests/unit/test_poc_rng.py": {"Appendix A"},
-    "tests/unit/test_poc_seeds.py": {"Appendix A", "§1.2"},
-    "tests/unit/test_poc_validation.py": {"§3"},
-    "tests/unit/test_protocol.py": {"backend/ipc.py"},
-    "tests/unit/test_settings.py": {"§2.9"},
-}
-
-
 def _repo_files() -> Iterator[Path]:
     for dirpath, dirnames, filenames in os.walk(ROOT):
         dirnames[:] = [d for d in dirnames if not d.startswith(".") and d not in _SKIP_DIRS
@@ -151,17 +121,10 @@ FINDINGS = findings()
 
 
 def test_every_file_named_is_in_the_repository() -> None:
-    unexpected = [f"{path}:{line}: {what}" for path, items in sorted(FINDINGS.items())
-                  for line, what in items if what not in PENDING.get(path, ())]
+    unexpected = [f"{path}:{line}: {what}" for path, items in sorted(FINDINGS.items()) for line, what in items]
     assert not unexpected, "references to files the repository does not contain, or to design documents it " \
         "does not hold (point to the file that holds the fact, docs/architecture.md or docs/decisions.md):\n" + \
         "\n".join(unexpected)
-
-
-def test_pending_entries_are_still_needed() -> None:
-    stale = [f"{path}: {what}" for path, whats in sorted(PENDING.items())
-             for what in sorted(whats) if what not in {w for _, w in FINDINGS.get(path, ())}]
-    assert not stale, "fixed: remove from PENDING:\n" + "\n".join(stale)
 
 
 def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:

@@ -139,7 +139,8 @@ def test_settings_bad_cli_value_exits_with_usage_naming_the_flag(module, argv, f
 
 @pytest.mark.parametrize("module", MODULES, ids=IDS)
 def test_settings_every_env_name_starts_with_pocserve_or_poc(module):
-    # POC_* names are the fork's own variables (spec §2.9), kept so existing deployments keep working.
+    # POC_* names are the fork's own variables (README, "The fork's variables"), kept so existing deployments keep
+    # working.
     assert [o.env for o in module.OPTIONS if not o.env.startswith(("POCSERVE_", "POC_"))] == []
 
 
