@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -168,7 +169,8 @@ def vllm_args(values: Mapping[str, Any], given: frozenset[str], settings: Any, o
     notes: list[tuple[str, str]] = []
     as_given = values.get("model_tag") or (values["model"] if "model" in given else DEFAULT_MODEL)
     model = _model_dir(as_given, settings.generate_model, values.get("revision"), values.get("download_dir"))
-    engine = EngineArgs.from_cli_args(argparse.Namespace(**{**values, "model": model}))
+    with _generated_later(model):
+        engine = EngineArgs.from_cli_args(argparse.Namespace(**{**values, "model": model}))
     changes: dict[str, Any] = {"worker_extension_cls": WORKER_EXTENSION, "logprobs_mode": "processed_logprobs"}
     if engine.worker_extension_cls not in ("", WORKER_EXTENSION):
         notes.append(("--worker-extension-cls", f"{engine.worker_extension_cls} replaced by {WORKER_EXTENSION}"))
@@ -193,8 +195,10 @@ def vllm_args(values: Mapping[str, Any], given: frozenset[str], settings: Any, o
     tool_parser = values.get("tool_call_parser") or ""
     if values.get("enable_auto_tool_choice") and not tool_parser:
         raise SettingsError("--enable-auto-tool-choice needs --tool-call-parser (as in vLLM)")
+    with _generated_later(model):
+        engine = dataclasses.replace(engine, **changes)
     return VllmArgs(
-        engine=dataclasses.replace(engine, **changes), given=given, served_names=served,
+        engine=engine, given=given, served_names=served,
         tool_call_parser=tool_parser, enable_auto_tool_choice=bool(values.get("enable_auto_tool_choice")),
         chat_template=_chat_template(values.get("chat_template")),
         chat_template_kwargs=dict(values.get("default_chat_template_kwargs") or {}),
@@ -226,6 +230,22 @@ def _model_dir(as_given: str, generate_model: str, revision: str | None, downloa
         return str(resolve_model(as_given, revision, download_dir))
     except ModelNotFound as e:
         raise SettingsError(f"--model {e}") from None
+
+
+@contextmanager
+def _generated_later(model: str) -> Iterator[None]:
+    """EngineArgs resolves a model that is no directory through the Hugging Face cache when HF_HUB_OFFLINE is set
+    (vllm/engine/arg_utils.py __post_init__), and that fails on a path: the embedded default is such a path until
+    --generate-model writes it at start (backend/__main__.py), before any config is built from it."""
+    import huggingface_hub.constants as hub
+
+    offline = hub.HF_HUB_OFFLINE
+    if not Path(model).is_dir():
+        hub.HF_HUB_OFFLINE = False
+    try:
+        yield
+    finally:
+        hub.HF_HUB_OFFLINE = offline
 
 
 def _chat_template(value: str | None) -> str | None:
