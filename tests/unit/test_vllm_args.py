@@ -156,3 +156,14 @@ def test_every_network_qwen3_config_passes_launcher_and_backend(config, tp):
     plan = translate(parse(argv), argv)
     e = load_settings([*plan.backend_args, "--generate-model", "tiny"], {}).engine
     assert (e.tensor_parallel_size, e.max_model_len, e.dtype) == (int(tp), 240000, "auto")
+
+
+def test_a_model_still_to_be_generated_loads_with_the_hub_offline(monkeypatch, tmp_path):
+    """make run: the embedded default is written at start (--generate-model), after the settings are read; vLLM's
+    offline lookup must not take its path for a repo id meanwhile."""
+    import huggingface_hub.constants as hub
+
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
+    path = tmp_path / "models" / "tiny-qwen3"
+    assert load_settings(["--model", str(path)], {}).engine.model == str(path)
+    assert hub.HF_HUB_OFFLINE is True
