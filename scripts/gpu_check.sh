@@ -18,6 +18,8 @@
 #   bash scripts/gpu_check.sh poc-parts N Q   # the qwen3-235b-a22b shape at N layers, Q none|fp8: PoC vs bare at
 #                                             # B=32 and 64 with each stage's time and profiler tables
 #   bash scripts/gpu_check.sh moe-golden      # the 235B slice's artifacts vs the CPU engine's golden file
+#   bash scripts/gpu_check.sh full-scale      # the 235B model whole (94 layers, dummy weights) at TP=4 through
+#                                             # bench.network_launch (FULL="LAYERS TP QUANT CONFIG EXTRA")
 #   bash scripts/gpu_check.sh launch          # the ML node's command line with a network config on this GPU
 #                                             # (bench.network_launch; LAUNCH="SHAPE LAYERS QUANT CONFIG")
 #   bash scripts/gpu_check.sh topologies P L  # several GPUs: artifacts on tp1, tp2, pp2 (and tp4, tp2xpp2 on 4+),
@@ -76,6 +78,18 @@ case "${1:-tests}" in
     grep -vE "^(INFO|WARNING|DEBUG)|^\(EngineCore" "$out/gpu-tests.txt" | tail -150
     echo "gpu suite: exit $rc in $(( $(date +%s) - started )) s"
     exit "$rc"
+    ;;
+  full-scale)  # the network's model at its real size with vLLM's dummy weights (no disk): FULL="LAYERS TP QUANT
+               # CONFIG EXTRA" (default: 94 layers, TP=4, block-FP8, node-config, eager) through bench.network_launch
+    read -r layers tp quant config extra <<< "${FULL:-94 4 fp8 node-config --enforce-eager}"
+    dir=models/qwen3-235b-a22b-${layers}l-$quant-config-only
+    python3 -m backend.tools.modelgen --out "$dir" --shape qwen3-235b-a22b --num-layers "$layers" \
+      $([ "$quant" = fp8 ] && echo --quant fp8) --config-only
+    python3 -m bench.network_launch --model-dir "$dir" --config "$config" --tp "$tp" \
+      --extra "--load-format dummy $extra" --timeout-s "${TIMEOUT_S:-420}" --log "$out/full-scale.log" \
+      --json "$out/full-scale.json" 2>&1 | quiet | tail -60
+    grep -E "KV cache|Available KV|engine_ready|Loading weights|Model loading took|init engine" "$out/full-scale.log" \
+      | cut -c1-300 | tail -12
     ;;
   launch)  # the network's launch on this GPU: LAUNCH="SHAPE LAYERS QUANT CONFIG" (default: the 235B shape at
            # 2 layers, block-FP8, the release-candidate config) through bench.network_launch

@@ -239,10 +239,14 @@ def _group_bytes(group: Sequence[str], shape: tuple[int, ...], seed: int, quant:
     return [_as_bytes(codes), _as_bytes(scales.astype("<u2"))]
 
 
-def _write_model(out_dir: Path, shape: str, seed: int, num_layers: int | None, quant: str | None) -> None:
+def _write_json_files(out_dir: Path, shape: str, num_layers: int | None, quant: str | None) -> None:
     for name, obj in json_files(shape, num_layers, quant).items():
         text = json.dumps(obj, indent=2, ensure_ascii=False) + "\n"
         (out_dir / name).write_text(text, encoding="utf-8")
+
+
+def _write_model(out_dir: Path, shape: str, seed: int, num_layers: int | None, quant: str | None) -> None:
+    _write_json_files(out_dir, shape, num_layers, quant)
     specs, stored = tensor_specs(shape, num_layers), stored_tensors(shape, num_layers, quant)
     groups = [(name, name + "_scale_inv") if is_quantized(name, quant) else (name,) for name in specs]
     write_checkpoint(out_dir, stored, groups, lambda g: _group_bytes(g, specs[g[0]], seed, quant))
@@ -284,6 +288,15 @@ def generate_model(out_dir: Path, shape: str = "tiny", seed: int = 0, *, num_lay
     return out_dir
 
 
+def write_config_only(out_dir: Path, shape: str, *, num_layers: int | None = None, quant: str | None = None) -> Path:
+    """The model's JSON files without its weights (no manifest: ensure_model never takes it for a whole model)."""
+    resolve(shape, num_layers, quant)
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write_json_files(out_dir, shape, num_layers, quant)
+    return out_dir
+
+
 def is_model_complete(out_dir: Path, shape: str, seed: int, *, num_layers: int | None = None,
                       quant: str | None = None) -> bool:
     """True when out_dir holds this generator's output for these options with every file whole."""
@@ -319,12 +332,18 @@ def main(argv: list[str] | None = None) -> None:
                         help="fp8: block-quantized e4m3 weights with 128x128 scales, as Qwen's FP8 releases")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true", help="regenerate even if complete")
+    parser.add_argument("--config-only", action="store_true",
+                        help="the JSON files alone (config, tokenizer, quantization), no weights: for vLLM's "
+                             "`--load-format dummy`, which measures speed and memory at full size without the disk")
     args = parser.parse_args(argv)
     try:
         resolve(args.shape, args.num_layers, args.quant)
     except ValueError as e:
         parser.error(str(e))  # exit 2, one line after the usage
     configure_logging()  # logs to stderr: stdout carries only the model path, for scripts
+    if args.config_only:
+        print(write_config_only(args.out, args.shape, num_layers=args.num_layers, quant=args.quant))
+        return
     make = generate_model if args.force else ensure_model
     print(make(args.out, args.shape, args.seed, num_layers=args.num_layers, quant=args.quant))
 

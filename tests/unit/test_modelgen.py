@@ -223,3 +223,13 @@ def test_token_byte_bound_holds_for_any_text(tokenizer, text) -> None:
     from backend.processor.params import max_token_bytes
     ids = tokenizer.encode(text, add_special_tokens=False)
     assert len(text.encode("utf-8", "surrogatepass")) <= max(1, len(ids)) * max_token_bytes(tokenizer)
+
+
+def test_config_only_writes_the_json_files_and_never_passes_for_a_whole_model(tmp_path):
+    from backend.tools.modelgen import is_model_complete, json_files, write_config_only
+
+    out = write_config_only(tmp_path / "m", "qwen3-235b-a22b", num_layers=94, quant="fp8")
+    assert sorted(p.name for p in out.iterdir()) == sorted(json_files("qwen3-235b-a22b", 94, "fp8"))
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 94
+    # No manifest: ensure_model would write the weights into it rather than serve it as whole.
+    assert not is_model_complete(out, "qwen3-235b-a22b", 0, num_layers=94, quant="fp8")
