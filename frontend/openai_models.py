@@ -108,6 +108,16 @@ class EnforcedTokens(_Strict):
     tokens: list[EnforcedTokenItem]
 
 
+def stop_list(v: str | list[str] | None) -> list[str]:
+    """`stop` as a list (vLLM's limit: up to 16 non-empty strings); chat, completions and responses share it."""
+    if v is None:
+        return []
+    stops = [v] if isinstance(v, str) else v
+    if len(stops) > 16 or any(not s for s in stops):
+        raise ValueError("stop takes up to 16 non-empty strings")
+    return stops
+
+
 class _Sampling(_Strict):
     model: Text
     # Bounded by the backend's --max-num-seqs (a 400 naming `n` beyond it).
@@ -137,12 +147,7 @@ class _Sampling(_Strict):
     @field_validator("stop")
     @classmethod
     def _stop_list(cls, v: str | list[str] | None) -> list[str]:
-        if v is None:
-            return []
-        stops = [v] if isinstance(v, str) else v
-        if len(stops) > 16 or any(not s for s in stops):
-            raise ValueError("stop takes up to 16 non-empty strings")
-        return stops
+        return stop_list(v)
 
 
 class ChatCompletionRequest(_Sampling):

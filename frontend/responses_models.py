@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from frontend.fields import Text
-from frontend.openai_models import INT64_MAX
+from frontend.openai_models import INT64_MAX, stop_list
 
 
 def _encodable(value: dict[str, Any]) -> dict[str, Any]:
@@ -183,7 +183,7 @@ class ResponsesRequest(_Strict):
     # Accepted and ignored, as vLLM does (its own field description says so).
     prompt_cache_key: Text | None = None
     # vLLM's extensions: the response's id when given; the scheduling priority (lower runs first under
-    # --scheduling-policy priority, anything but 0 refused under fcfs), as chat's.
+    # --scheduling-policy priority; fcfs takes it and ignores it), as chat's.
     request_id: Text | None = None
     priority: int = Field(0, ge=-(2**63), lt=2**63)
     repetition_penalty: float | None = Field(None, gt=0.0, allow_inf_nan=False)
@@ -194,12 +194,7 @@ class ResponsesRequest(_Strict):
     @field_validator("stop")
     @classmethod
     def _stop_list(cls, v: str | list[str] | None) -> list[str]:
-        if v is None:
-            return []
-        stops = [v] if isinstance(v, str) else v
-        if len(stops) > 16 or any(not s for s in stops):
-            raise ValueError("stop takes up to 16 non-empty strings")
-        return stops
+        return stop_list(v)
 
     @field_validator("input")
     @classmethod

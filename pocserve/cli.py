@@ -1,8 +1,7 @@
 """vLLM's own api_server command line, parsed by vLLM's own parser: every flag vLLM accepts parses here.
 
 What the launcher needs beyond vLLM's namespace is which options were actually given (a flag given with any
-value, even vLLM's default, counts as given). argparse fills in a default only for an option that was not given,
-so parsing a second time with every default replaced by a sentinel tells exactly that.
+value, even vLLM's default, counts as given): the backend's parse tells it (backend/vllm_args.py).
 """
 
 from __future__ import annotations
@@ -12,6 +11,8 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
+
+from common.config import SettingsError
 
 PROG = "pocserve.api_server"
 
@@ -25,14 +26,6 @@ class Parsed:
     values: dict[str, Any]  # vLLM's namespace: every option's value, given or default
     defaults: dict[str, Any]  # vLLM's default of every option
     given: frozenset[str]  # the options present on the command line
-
-
-class _Unset:
-    def __repr__(self) -> str:
-        return "<unset>"
-
-
-_UNSET = _Unset()
 
 
 @dataclass(frozen=True)
@@ -72,12 +65,15 @@ def build_parser():
     return serve_parser(PROG, "pocserve behind vLLM's api_server command line", on_error)
 
 def parse(argv: Sequence[str]) -> Parsed:
+    """The command line through vLLM's parser, and which options it gave (the backend's reading, without its
+    POCSERVE_<NAME> variables: the launcher's command line is vLLM's alone)."""
+    from backend.vllm_args import parse as parse_given
+    from backend.vllm_args import vllm_actions
+
     parser = build_parser()
+    actions = vllm_actions(parser)
     try:
-        values = vars(parser.parse_args(list(argv)))
-        defaults = {dest: parser.get_default(dest) for dest in values}
-        parser.set_defaults(**dict.fromkeys(values, _UNSET))
-        given = frozenset(d for d, v in vars(parser.parse_args(list(argv))).items() if v is not _UNSET)
-    except (ValueError, OSError) as e:  # vLLM's own checks (a --config file, `serve` misuse) raise these
-        raise UsageError(" ".join(str(e).split())) from None
-    return Parsed(values, defaults, given)
+        values, given = parse_given(parser, actions, argv, {})
+    except SettingsError as e:  # vLLM's own checks (a --config file, `serve` misuse) raise ValueError or OSError
+        raise UsageError(str(e)) from None
+    return Parsed(values, {dest: parser.get_default(dest) for dest in values}, given)

@@ -89,16 +89,22 @@ class Preparer:
                 raise
             raise RequestError(f"invalid {param}: {e}", param=param) from e
         self._inputs.assign_request_id(request)
-        n = tokenized.params.n
-        if n == 1:
-            return EngineRequests([request])
-        # As AsyncLLM.add_request fans out n > 1: child i gets id "i_<id>" and, with a seed, seed + i.
-        parent = ParentRequest(request)
-        children = []
-        for index in range(n):
-            child_id, child_params = parent.get_child_info(index)
-            child = request if index == n - 1 else copy(request)
-            child.request_id = child_id
-            child.sampling_params = child_params
-            children.append(child)
-        return EngineRequests(children, parent)
+        return fan_out(request)
+
+
+def fan_out(request: EngineCoreRequest) -> EngineRequests:
+    """A request with its internal id, as the engine takes it: alone, or n > 1 fanned out as AsyncLLM.add_request
+    does (child i gets id "i_<id>" and, with a seed, seed + i)."""
+    assert request.sampling_params is not None
+    n = request.sampling_params.n
+    if n == 1:
+        return EngineRequests([request])
+    parent = ParentRequest(request)
+    children = []
+    for index in range(n):
+        child_id, child_params = parent.get_child_info(index)
+        child = request if index == n - 1 else copy(request)
+        child.request_id = child_id
+        child.sampling_params = child_params
+        children.append(child)
+    return EngineRequests(children, parent)

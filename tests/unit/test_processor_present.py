@@ -11,12 +11,11 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
 from vllm.v1.engine.input_processor import InputProcessor
 from vllm.v1.engine.output_processor import OutputProcessor
-from vllm.v1.engine.parallel_sampling import ParentRequest
 from vllm.v1.metrics.stats import PrefillStats
 from vllm.v1.outputs import LogprobsLists
 
 from backend.processor.parsing import ChoiceOutput
-from backend.processor.prepare import EngineRequests
+from backend.processor.prepare import EngineRequests, fan_out
 from backend.processor.present import Presenter
 
 PROMPT = [1, 2, 3]
@@ -50,15 +49,7 @@ def _engine(engine_rid: str, n: int = 1, stream: bool = True, **params) -> Engin
                                 pooling_params=None, arrival_time=0.0, lora_request=None, cache_salt=None,
                                 data_parallel_rank=None)
     InputProcessor.assign_request_id(request)
-    if n == 1:
-        return EngineRequests([request])
-    parent = ParentRequest(request)
-    children = []
-    for index in range(n):
-        child_id, child_params = parent.get_child_info(index)
-        children.append(EngineCoreRequest(**{**{f: getattr(request, f) for f in request.__struct_fields__},
-                                             "request_id": child_id, "sampling_params": child_params}))
-    return EngineRequests(children, parent)
+    return fan_out(request)
 
 
 def _step(*outputs: tuple[EngineRequests | str, list[int]], finished: bool = False, **kw) -> EngineCoreOutputs:
