@@ -97,9 +97,10 @@ def build_loop(settings: BackendSettings, engine, server: SocketServer, inbox: q
             raise ProcessorDied(f"the processor process exited with code {processor.exitcode}")
 
     chat = ChatRequests(engine, server.send, on_ready=on_processor_ready)
-    pow_service = build_pow_service(settings, ArtifactQueue(engine.poc), chat, server.send, store,
+    artifacts = ArtifactQueue(engine.poc)
+    pow_service = build_pow_service(settings, artifacts, chat, server.send, store,
                                     [fingerprint.served_model_name, fingerprint.model_path])
-    return BackendLoop(engine, inbox, control, chat=chat, pow=pow_service, send=server.send,
+    return BackendLoop(engine, inbox, control, chat=chat, pow=pow_service, artifacts=artifacts, send=server.send,
                        share=ChatShare(settings.chat_share),
                        timers=(pow_service.on_timer, check_processor))
 

@@ -13,6 +13,7 @@ from backend.chat import ChatRequests
 from backend.engine import EngineApi
 from backend.errors import RequestFailed
 from backend.iterations import ITERATION_TOKEN_BOUNDS
+from backend.pow.artifact_queue import ArtifactQueue
 from backend.pow.service import PowService
 from backend.share import ChatShare
 from backend.transport.control import ControlPlane
@@ -42,13 +43,15 @@ class BackendLoop:
     """Every collaborator comes in the constructor; each says whether it has work, and owns its messages."""
 
     def __init__(self, engine: EngineApi, inbox: queue.Queue, control: ControlPlane, *, chat: ChatRequests,
-                 pow: PowService, send: Callable, share: ChatShare,
+                 pow: PowService, artifacts: ArtifactQueue, send: Callable, share: ChatShare,
                  timers: tuple[Callable[[], None], ...] = ()) -> None:
         self.engine = engine
         self.inbox = inbox
         self.control = control
         self.chat = chat
         self.pow = pow
+        # PoC's batches, run by this loop between engine steps; the PoC API (pow) feeds it.
+        self.artifacts = artifacts
         self._send = send
         self._timers = timers
         self.is_running = True
@@ -76,8 +79,8 @@ class BackendLoop:
     def run_once_overlapped(self) -> None:
         """PoC forwards run beside engine steps: launch one (and the next behind it), step chat meanwhile, collect
         each when it is done."""
-        in_flight = self.pow.is_in_flight
-        can_act = self.chat.has_work() or (self.pow.has_work() and (not in_flight or self.pow.has_slot))
+        in_flight = self.artifacts.is_in_flight
+        can_act = self.chat.has_work() or (self.pow.has_work() and (not in_flight or self.artifacts.has_slot))
         self.ingest(block=not can_act, timeout_s=_POLL_S if in_flight else _IDLE_WAIT_S)
         # A forward launched in chat's linger goes beside chat (PoC's SMs, slices): the next request is coming. Not
         # while chat is gated (an exclusive round): none can come.
@@ -85,12 +88,12 @@ class BackendLoop:
         budget_s = POC_LAUNCH_SLICE_S if is_chat_running else float("inf")
         if in_flight:
             # Nothing can arrive for PoC to make room for while chat is gated (an exclusive round).
-            self.pow.poll_batch(wait=self.chat.is_gated and not is_chat_running, budget_s=budget_s)
+            self.artifacts.poll_batch(wait=self.chat.is_gated and not is_chat_running, budget_s=budget_s)
         self.pow.feed()
         work = policy.choose_overlapped(self.snapshot())
         if work.launch_poc:
             started = time.perf_counter()
-            self.pow.launch_batch(is_chat_running, budget_s)
+            self.artifacts.launch_batch(is_chat_running, budget_s)
             log.debug("poc_launched", beside_chat=is_chat_running, chat_gated=self.chat.is_gated,
                       host_ms=round((time.perf_counter() - started) * 1000, 2))
         if work.step_chat:
@@ -109,12 +112,13 @@ class BackendLoop:
         return max(0.0, self._chat_seen_at + CHAT_LINGER_S - now)
 
     def snapshot(self) -> policy.Snapshot:
-        cost, max_batch = self.pow.next_forward()
+        cost, max_batch = self.artifacts.next_forward()
         return policy.Snapshot(
             has_engine_work=self.chat.has_work(), is_chat_preparing=self.chat.is_preparing(),
-            is_chat_recent=self.linger_s() > 0, is_chat_gated=self.chat.is_gated, has_poc_work=self.pow.has_batch(),
-            is_poc_blocked=self.pow.is_blocked, poc_credit_s=self.share.credit_s, poc_cost=cost,
-            poc_max_batch=max_batch, is_poc_in_flight=self.pow.is_in_flight, has_poc_slot=self.pow.has_slot,
+            is_chat_recent=self.linger_s() > 0, is_chat_gated=self.chat.is_gated,
+            has_poc_work=len(self.artifacts) > 0, is_poc_blocked=self.artifacts.is_blocked,
+            poc_credit_s=self.share.credit_s, poc_cost=cost, poc_max_batch=max_batch,
+            is_poc_in_flight=self.artifacts.is_in_flight, has_poc_slot=self.artifacts.has_slot,
             chat_share=self.share.share)
 
     def ingest(self, block: bool, timeout_s: float = _IDLE_WAIT_S) -> None:
@@ -146,26 +150,26 @@ class BackendLoop:
             case policy.EngineStep():
                 started = time.perf_counter()
                 self.step_engine()
-                cost, max_batch = self.pow.next_forward()
+                cost, max_batch = self.artifacts.next_forward()
                 min_forward_s = cost.seconds(min(cost.efficient_size(), max_batch)) if cost is not None else 0.0
-                self.share.after_step(time.perf_counter() - started, is_poc_waiting=self.pow.has_batch(),
+                self.share.after_step(time.perf_counter() - started, is_poc_waiting=len(self.artifacts) > 0,
                                       min_forward_s=min_forward_s)
             case policy.PocBatch(limit=limit):
                 started = time.perf_counter()
-                self.pow.run_batch(limit)
+                self.artifacts.run_batch(limit)
                 elapsed_s = time.perf_counter() - started
                 self.share.after_poc(elapsed_s, is_chat_waiting=self.chat.has_work() or self.chat.is_preparing())
                 log.debug("poc_forward", limit=limit, elapsed_ms=round(elapsed_s * 1000, 2),
                           credit_ms=round(self.share.credit_s * 1000, 2))
             case policy.Idle():
                 self.engine.poc.release()  # PoC keeps its KV blocks between forwards; no forward is coming
-                if self.pow.has_batch():  # PoC waits for chat: out its linger, or for a request being prepared
+                if len(self.artifacts) > 0:  # PoC waits for chat: out its linger, or for a request being prepared
                     self.ingest(block=True, timeout_s=self.linger_s() or _POLL_S)
 
     def step_engine(self) -> None:
         self.chat.route(self.engine.step())
         self.num_steps += 1
-        self.pow.unblock()  # the step may have freed KV blocks
+        self.artifacts.unblock()  # the step may have freed KV blocks
 
     def publish(self) -> None:
         now = time.monotonic()
@@ -185,7 +189,7 @@ class BackendLoop:
         """The engine thread's side of the stats; the io thread adds the processor's chat counters and the
         connection side per pong."""
         running, waiting, kv_usage = self.engine.load()
-        poc_iterations = self.pow.iterations
+        poc_iterations = self.artifacts.iterations
         return BackendStats(
             instance_id=self.control.instance_id, uptime_s=0.0, num_frontends=0, num_running=running,
             num_waiting=waiting, kv_cache_usage=kv_usage, num_engine_steps=self.num_steps,

@@ -33,3 +33,13 @@ class ArtifactJob:
 
     spec: PocSpec
     nonces: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    """One forward as every worker receives it (the one argument of its RPC): the spec, the nonces, and the KV
+    blocks the engine thread leased for it."""
+
+    spec: PocSpec
+    nonces: tuple[int, ...]
+    block_ids: tuple[int, ...]

@@ -12,6 +12,8 @@ stage has the artifacts, so the first answer that is not None is taken: the firs
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
+from typing import Any
 
 import structlog
 from vllm import envs as vllm_envs
@@ -19,13 +21,30 @@ from vllm import envs as vllm_envs
 from backend.engine import compat
 from common.config import SettingsError
 from poc.errors import PocInputError
-from poc.spec import ArtifactJob
+from poc.spec import ArtifactJob, ForwardBatch
 
 log = structlog.get_logger(__name__)
 
 
 class NoFreeBlocks(Exception):
     """Not even one sequence fits in the free KV blocks now; retry after an engine step frees some."""
+
+
+@dataclass(frozen=True)
+class Flight:
+    """A forward launched beside chat, until it is polled back: whose it is (the caller's token) and its size."""
+
+    owner: Any  # the caller's
+    num_nonces: int
+
+
+class ForwardsLost(Exception):
+    """A poll failed and the workers dropped every forward in flight: these, oldest first (the first is the one
+    that failed; the others never ran to the end)."""
+
+    def __init__(self, flights: list[Flight], cause: Exception) -> None:
+        super().__init__(str(cause))  # the failure's own words: the task that failed is answered with them
+        self.flights = flights
 
 
 class PocRunner:
@@ -40,8 +59,9 @@ class PocRunner:
         self.layer_ranges = _layer_ranges(core.collective_rpc("poc_layer_range"), core.vllm_config)
         self._held: list = []  # KVCacheBlocks leased for PoC forwards, kept between them (see release)
         self._held_ids: list[int] = []
-        # Nonces of each forward launched beside chat and not yet collected, oldest first.
-        self._in_flight: deque[int] = deque()
+        # The forwards launched beside chat and not yet collected, oldest first: the engine thread's only record of
+        # them (the artifact queue keeps none).
+        self._in_flight: deque[Flight] = deque()
         # Whether the newest forward launched is wholly queued in the workers (the next may be launched behind it).
         self._is_queued = True
         # Whether launched forwards run beside chat's steps (a stream of their own); set by the engine at start.
@@ -79,62 +99,60 @@ class PocRunner:
         Returns (artifacts, number of nonces run): the run ones are a prefix of `nonces`; NaN rows are
         missing from the artifacts (poc/artifacts.py drops every row that is not finite) but still count as
         run."""
-        nonces, block_ids = self._lease_for(job, nonces)
-        spec = job.spec
-        try:
-            # vLLM's own bound on a model step: a rank that never answers (a worker node gone) fails the engine,
-            # which exits for its supervisor, instead of hanging the engine thread.
-            results = self._core.collective_rpc(
-                "poc_artifacts", timeout=vllm_envs.VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS,
-                args=(block_ids, spec.block_hash, spec.public_key, list(nonces), spec.seq_len, spec.k_dim,
-                      spec.stronger_rng))
-            result = next(r for r in results if r is not None)
-        except BaseException:
-            self.release()
-            raise
-        return [(int(n), str(v)) for n, v in result], len(nonces)
+        batch = self._lease_for(job, nonces)
+        results = self._call("poc_artifacts", batch)
+        return _artifacts(next(r for r in results if r is not None)), len(batch.nonces)
 
-    def launch(self, job: ArtifactJob, nonces: list[int], is_chat_running: bool, budget_s: float) -> int:
+    def launch(self, job: ArtifactJob, nonces: list[int], is_chat_running: bool, budget_s: float,
+               owner: Any = None) -> int:
         """Starts one forward over a prefix of `nonces` (as `run`) beside chat's steps and returns how many it
         took: the workers queue its first decoder layers in `budget_s` of host time, `poll` the rest and then
-        collects it. Its blocks stay leased until then, whatever `release` is asked. Beside running chat the
-        forward takes only PoC's share of the device (backend/engine/pocworker/streams.py). While `can_launch`, a
-        second may be launched behind the first: it runs after it, so the device never waits for the engine thread
-        to collect one forward and launch the next."""
+        collects it, handing back `owner` with its artifacts. Its blocks stay leased until then, whatever
+        `release` is asked. Beside running chat the forward takes only PoC's share of the device
+        (backend/engine/pocworker/streams.py). While `can_launch`, a second may be launched behind the first: it
+        runs after it, so the device never waits for the engine thread to collect one forward and launch the
+        next."""
         assert self.can_launch, f"{len(self._in_flight)} PoC forwards in flight, the newest not wholly queued"
-        nonces, block_ids = self._lease_for(job, nonces)
-        spec = job.spec
-        try:
-            results = self._core.collective_rpc(
-                "poc_launch", timeout=vllm_envs.VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS,
-                args=(block_ids, spec.block_hash, spec.public_key, list(nonces), spec.seq_len, spec.k_dim,
-                      spec.stronger_rng, is_chat_running, budget_s))
-        except BaseException:
-            self.release()
-            raise
-        self._in_flight.append(len(nonces))
+        batch = self._lease_for(job, nonces)
+        results = self._call("poc_launch", batch, is_chat_running, budget_s)
+        self._in_flight.append(Flight(owner, len(batch.nonces)))
         self._is_queued = all(results)
-        return len(nonces)
+        return len(batch.nonces)
 
-    def poll(self, wait: bool = False, budget_s: float = float("inf")) -> list[tuple[int, str]] | None:
-        """Queues more of the newest forward launched (for `budget_s`), then the oldest one's artifacts once it
-        has finished (queueing all and blocking if `wait`), None before. A failure drops every forward in flight
-        (the workers drop theirs)."""
+    def poll(self, wait: bool = False, budget_s: float = float("inf")) -> tuple[Flight, list[tuple[int, str]]] | None:
+        """Queues more of the newest forward launched (for `budget_s`), then (the oldest one, its artifacts) once
+        it has finished (queueing all and blocking if `wait`), None before. A failure drops every forward in
+        flight, as the workers drop theirs: ForwardsLost names them."""
         assert self._in_flight, "no PoC forward in flight"
         try:
-            results = self._core.collective_rpc("poc_poll", timeout=vllm_envs.VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS,
-                                                args=(wait, budget_s))
+            results = self._call("poc_poll", wait, budget_s)
+        except Exception as e:
+            raise ForwardsLost(self._drop_in_flight(), e) from e
         except BaseException:
-            self._in_flight.clear()
-            self._is_queued = True
-            self.release()
+            self._drop_in_flight()
             raise
         self._is_queued = all(is_queued for _, _, is_queued in results)
         if not all(finished for finished, _, _ in results):
             return None
-        self._in_flight.popleft()
-        artifacts = next(a for _, a, _ in results if a is not None)
-        return [(int(n), str(v)) for n, v in artifacts]
+        return self._in_flight.popleft(), _artifacts(next(a for _, a, _ in results if a is not None))
+
+    def _call(self, method: str, *args) -> list:
+        """The workers' `method` on every rank, one answer each in rank order. vLLM's own bound on a model step
+        applies: a rank that never answers (a worker node gone) fails the engine, which exits for its
+        supervisor, instead of hanging the engine thread. A failure returns the leased blocks, unless forwards
+        the workers still hold are in flight."""
+        try:
+            return self._core.collective_rpc(method, timeout=vllm_envs.VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, args=args)
+        except BaseException:
+            self.release()
+            raise
+
+    def _drop_in_flight(self) -> list[Flight]:
+        dropped = list(self._in_flight)
+        self._in_flight.clear()
+        self._is_queued = True
+        self.release()
+        return dropped
 
     @property
     def is_in_flight(self) -> bool:
@@ -145,15 +163,16 @@ class PocRunner:
         """Another forward may be launched now: fewer than max_in_flight are, and the newest is wholly queued."""
         return len(self._in_flight) < self.max_in_flight and self._is_queued
 
-    def _lease_for(self, job: ArtifactJob, nonces: list[int]) -> tuple[list[int], list[int]]:
-        """(the prefix of `nonces` the free blocks allow, its leased block ids); NoFreeBlocks if none fits."""
+    def _lease_for(self, job: ArtifactJob, nonces: list[int]) -> ForwardBatch:
+        """The forward of the prefix of `nonces` the free blocks allow, on leased blocks; NoFreeBlocks if none
+        fits."""
         per_seq = self.blocks_per_seq(job.spec.seq_len)
         available = self._pool.get_num_free_blocks() + len(self._held)
         fits = available // per_seq
         if fits == 0:
             raise NoFreeBlocks(f"{per_seq} blocks needed, {available} free")
         nonces = nonces[:fits]
-        return nonces, self._lease(len(nonces) * per_seq)
+        return ForwardBatch(job.spec, tuple(nonces), tuple(self._lease(len(nonces) * per_seq)))
 
     def _lease(self, num_blocks: int) -> list[int]:
         """Ids of `num_blocks` leased blocks: the held ones, more leased where they are too few. Every forward
@@ -181,3 +200,9 @@ def _layer_ranges(ranges: list[tuple[int, int] | None], vllm_config) -> list[tup
         raise SettingsError(f"--model / POCSERVE_MODEL: {archs} has no decoder layer list (model.model.layers, "
                             "model.transformer.h or model.layers), so PoC cannot apply its per-layer transforms")
     return [(int(r[0]), int(r[1])) for r in ranges if r is not None]
+
+
+def _artifacts(rows) -> list[tuple[int, str]]:
+    """The workers' (nonce, vector_b64) rows as plain Python values (they arrive through pickling as whatever
+    the last stage sent)."""
+    return [(int(n), str(v)) for n, v in rows]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from backend.engine.poc import NoFreeBlocks
+from backend.engine.poc import ForwardsLost, NoFreeBlocks
 from backend.errors import RequestFailed
 from backend.iterations import IterationHistogram
 from backend.pow.cost import Cost, CostModel
@@ -86,9 +86,6 @@ class ArtifactQueue:
         self.iterations = IterationHistogram()
         # What forwards cost, learned from the ones that ran alone (the time-sliced policy sizes them by it).
         self.costs = CostModel()
-        # (from the job lane, task, nonces) of each forward launched beside chat until it is polled back, oldest
-        # first.
-        self._in_flight: deque[tuple[bool, ArtifactTask, int]] = deque()
 
     def __len__(self) -> int:
         return len(self._jobs) + len(self._mining)
@@ -102,7 +99,7 @@ class ArtifactQueue:
         return self._runner.max_batch(seq_len)
 
     def submit(self, task: ArtifactTask) -> None:
-        self._runner.check(task.job)
+        """Queues a task its submitter has checked (`check`) when it accepted it."""
         self._restart_clock(task)
         (self._mining if task.tag == MINING else self._jobs).append(task)
 
@@ -172,7 +169,7 @@ class ArtifactQueue:
 
     @property
     def is_in_flight(self) -> bool:
-        return bool(self._in_flight)
+        return self._runner.is_in_flight
 
     @property
     def has_slot(self) -> bool:
@@ -185,7 +182,7 @@ class ArtifactQueue:
         allows; `poll_batch` queues the rest and finishes it."""
         is_job, task, batch = self._take(None)
         try:
-            num_run = self._runner.launch(task.job, batch, is_chat_running, budget_s)
+            num_run = self._runner.launch(task.job, batch, is_chat_running, budget_s, owner=(is_job, task))
         except NoFreeBlocks as e:
             self._wait_for_blocks(e)
             return
@@ -193,27 +190,27 @@ class ArtifactQueue:
             self._failed(is_job, task, len(batch), e)
             return
         task.launched += num_run
-        self._in_flight.append((is_job, task, num_run))
 
     def poll_batch(self, wait: bool = False, budget_s: float = float("inf")) -> None:
         """Queues more of the newest forward launched, and finishes the oldest if it is done (or once it is, with
         `wait`). A failure fails the oldest's task; the nonces of the others in flight are run again."""
-        assert self._in_flight, "no forward in flight"
-        is_job, task, num_run = self._in_flight[0]
         try:
-            artifacts = self._runner.poll(wait, budget_s)
-        except Exception as e:
-            for _, other, num in self._in_flight:
-                other.launched -= num
+            polled = self._runner.poll(wait, budget_s)
+        except ForwardsLost as lost:
+            for flight in lost.flights:
+                _, other = flight.owner
+                other.launched -= flight.num_nonces
                 self._restart_clock(other)  # its forward ran until now: it waits again from here
-            self._in_flight.clear()
-            self._failed(is_job, task, num_run, e)
+            failed = lost.flights[0]
+            is_job, task = failed.owner
+            self._failed(is_job, task, failed.num_nonces, lost)
             return
-        if artifacts is None:
+        if polled is None:
             return
-        self._in_flight.popleft()
-        task.launched -= num_run
-        self._finish(is_job, task, artifacts, num_run)
+        flight, artifacts = polled
+        is_job, task = flight.owner
+        task.launched -= flight.num_nonces
+        self._finish(is_job, task, artifacts, flight.num_nonces)
 
     def _take(self, limit: int | None) -> tuple[bool, ArtifactTask, list[int]]:
         """(from the job lane, the next task, the nonces of its next forward: at most `limit`)."""

@@ -20,7 +20,6 @@ import structlog
 from backend.errors import RequestError, gate_error, pow_error
 from backend.pow.artifact_queue import MINING, ArtifactQueue, ArtifactTask, ChunkTimeout
 from backend.pow.callbacks import CallbackSender
-from backend.pow.cost import Cost
 from backend.pow.jobs import GenerateQueue, Job, QueueFull
 from backend.pow.results import MinedBody, callback_body, echo, job_result, job_view
 from backend.pow.store import Store
@@ -59,6 +58,7 @@ class _WaitingCall:
 
     identity: bytes
     msg: PowGenerateRequest
+    work: ArtifactJob  # built and checked when the request came
 
 
 class PowService:
@@ -82,6 +82,9 @@ class PowService:
         # Persisted jobs now in the artifact queue (wait=true calls go there at once and are not counted).
         self._num_running_jobs = 0
         self._waiting: deque[_WaitingCall] = deque()
+        # The work of each persisted job this process accepted (built and checked then) until it goes to the artifact
+        # queue; a job loaded from the store after a restart is not here and is checked again against this engine.
+        self._accepted: dict[str, ArtifactJob] = {}
         self.num_validations = 0
         self.num_nonces = 0
 
@@ -90,49 +93,11 @@ class PowService:
                 PowStatusRequest: self.on_status, PowStopRequest: self.on_stop,
                 PocArtifactsRequest: self.on_artifacts}
 
-    # --- the loop's view ---
+    # --- the loop's view (the loop runs the artifact queue's batches itself) ---
 
     def has_work(self) -> bool:
         """Batches queued, or work that feed() could turn into batches."""
         return len(self.artifacts) > 0 or self.has_pending()
-
-    def has_batch(self) -> bool:
-        return len(self.artifacts) > 0
-
-    @property
-    def is_blocked(self) -> bool:
-        """The last batch found no free KV blocks: an engine step should free some first."""
-        return self.artifacts.is_blocked
-
-    @property
-    def iterations(self):
-        return self.artifacts.iterations
-
-    def run_batch(self, limit: int | None = None) -> None:
-        self.artifacts.run_batch(limit)
-
-    @property
-    def is_in_flight(self) -> bool:
-        """A forward launched beside chat has not been polled back yet."""
-        return self.artifacts.is_in_flight
-
-    @property
-    def has_slot(self) -> bool:
-        """Another forward may be launched behind those in flight, of a batch none of them holds."""
-        return self.artifacts.has_slot
-
-    def launch_batch(self, is_chat_running: bool, budget_s: float) -> None:
-        self.artifacts.launch_batch(is_chat_running, budget_s)
-
-    def poll_batch(self, wait: bool, budget_s: float) -> None:
-        self.artifacts.poll_batch(wait, budget_s)
-
-    def next_forward(self) -> tuple[Cost | None, int]:
-        """The learned cost of the forward run_batch would run next, and the most sequences it can take."""
-        return self.artifacts.next_forward()
-
-    def unblock(self) -> None:
-        self.artifacts.unblock()
 
     def on_timer(self) -> None:
         self.jobs.prune_expired()
@@ -158,12 +123,12 @@ class PowService:
     def on_generate(self, identity: bytes, msg: PowGenerateRequest) -> None:
         try:
             self._check_params(msg.params)
-            self._check_job(msg)
+            work = self._checked_job(msg)
         except RequestError as e:
             self._send(identity, PowJobReply(rid=msg.rid, error=e.info()))
             return
         if msg.wait:
-            self._waiting.append(_WaitingCall(identity, msg))
+            self._waiting.append(_WaitingCall(identity, msg, work))
             return
         job_id = str(uuid.uuid4())
 
@@ -180,6 +145,8 @@ class PowService:
             self.jobs.enqueue(job_id, msg, len(msg.nonces), on_persisted=persisted)
         except QueueFull as e:
             self._send(identity, PowJobReply(rid=msg.rid, error=e.info()))
+            return
+        self._accepted[job_id] = work
 
     def on_job(self, identity: bytes, msg: PowJobRequest) -> None:
         job = self.jobs.get(msg.job_id)
@@ -197,9 +164,11 @@ class PowService:
         spec = PocSpec(msg.block_hash, msg.public_key, msg.seq_len, msg.k_dim, msg.stronger_rng)
         job = ArtifactJob(spec, tuple(msg.nonces))
         try:
-            self.artifacts.submit(ArtifactTask(job=job, done=done))
+            self.artifacts.check(job)
         except PocInputError as e:
             done([], RequestError(e.message, param=e.field).info())
+            return
+        self.artifacts.submit(ArtifactTask(job=job, done=done))
 
     def on_status(self, identity: bytes, msg: PowStatusRequest) -> None:
         status, config, stats = self._status()
@@ -212,6 +181,7 @@ class PowService:
         self.artifacts.discard(lambda task: task.tag == MINING)
         self._num_mining_queued = 0
         num_cancelled = self.jobs.cancel_queued()
+        self._accepted.clear()  # every job not yet fed was queued, and is cancelled now
         if was is not None:
             log.info("poc_round_stopped", total_processed=was.total_processed, num_artifacts=was.num_artifacts,
                      num_jobs_cancelled=num_cancelled)
@@ -242,11 +212,19 @@ class PowService:
         """Jobs go to the artifact queue as they come, beside a round's next batch (the queue runs jobs first)."""
         while self._waiting:
             call = self._waiting.popleft()
-            self._submit_job(call.msg, self._answer_to(call), job=None)
+            self._submit_job(call.msg, call.work, self._answer_to(call), job=None)
         while self._num_running_jobs < MAX_RUNNING_JOBS and (job := self.jobs.peek_next()) is not None:
             self.jobs.mark_running(job)
+            work = self._accepted.pop(job.id, None)
+            if work is None:  # loaded from the store: accepted by an engine that may have had other limits
+                try:
+                    work = self._checked_job(job.request)
+                except RequestError as e:
+                    log.error("poc_job_refused_after_restart", job_id=job.id, error=e.message)
+                    self.jobs.fail(job, e.message)
+                    continue
             self._num_running_jobs += 1
-            self._submit_job(job.request, None, job=job)
+            self._submit_job(job.request, work, None, job=job)
         while self.round is not None and self._num_mining_queued < MINING_QUEUED:
             self._submit_mining_batch()
 
@@ -262,14 +240,17 @@ class PowService:
             raise pow_error(409, f"params mismatch: requested model {params.model!r}, deployed {self.model_names}",
                             param="params.model")
 
-    def _check_job(self, msg: PowGenerateRequest) -> None:
+    def _checked_job(self, msg: PowGenerateRequest) -> ArtifactJob:
+        """The request's work, checked against this engine (RequestError naming the field otherwise)."""
         _check_node(msg.node.node_id, msg.node.node_count)
         if msg.validation is not None and {a.nonce for a in msg.validation} != set(msg.nonces):
             raise pow_error(400, "validation.artifacts nonces must match nonces field", param="validation.artifacts")
+        work = ArtifactJob(PocSpec.of(msg.node, msg.params, msg.stronger_rng), tuple(msg.nonces))
         try:
-            self.artifacts.check(_job_of(msg))
+            self.artifacts.check(work)
         except PocInputError as e:
             raise pow_error(400, e.message, param=_param_path(e.field)) from e
+        return work
 
     def _start_round(self, spec: RoundSpec) -> None:
         try:
@@ -320,7 +301,7 @@ class PowService:
         self.artifacts.submit(ArtifactTask(job=ArtifactJob(s.poc, tuple(nonces)), done=done, tag=MINING))
         self._num_mining_queued += 1
 
-    def _submit_job(self, msg: PowGenerateRequest, answer, job: Job | None) -> None:
+    def _submit_job(self, msg: PowGenerateRequest, work: ArtifactJob, answer, job: Job | None) -> None:
         def done(artifacts: list[Artifact], error: ErrorInfo | None) -> None:
             if job is not None:
                 self._num_running_jobs -= 1
@@ -345,7 +326,7 @@ class PowService:
         if self.chunk_timeout_s is not None:
             timeout = ChunkTimeout(self.chunk_timeout_s, msg.batch_size or self.default_batch_size,
                                    _job_timeout if job is not None else _wait_timeout)
-        self.artifacts.submit(ArtifactTask(job=_job_of(msg), done=done, tag="job", timeout=timeout))
+        self.artifacts.submit(ArtifactTask(job=work, done=done, tag="job", timeout=timeout))
 
 
 def _check_node(node_id: int, node_count: int, group_id: int = 0, n_groups: int = 1) -> None:
@@ -363,10 +344,6 @@ def _job_timeout(chunk: int, waited_s: float) -> ErrorInfo:
 
 def _wait_timeout(chunk: int, waited_s: float) -> ErrorInfo:
     return pow_error(503, f"Timeout after {waited_s:.1f}s").info()
-
-
-def _job_of(msg: PowGenerateRequest) -> ArtifactJob:
-    return ArtifactJob(PocSpec.of(msg.node, msg.params, msg.stronger_rng), tuple(msg.nonces))
 
 
 def _param_path(field: str) -> str:

@@ -8,7 +8,7 @@ from collections import deque
 
 import pytest
 
-from backend.engine.poc import NoFreeBlocks
+from backend.engine.poc import Flight, ForwardsLost, NoFreeBlocks
 from backend.errors import pow_error
 from backend.pow.artifact_queue import MINING, MINING_EVERY, ArtifactQueue, ArtifactTask, ChunkTimeout
 from poc.spec import ArtifactJob, PocSpec
@@ -159,11 +159,12 @@ def test_artifact_queue_discard_drops_the_rounds_batches_only():
 
 class LaunchingRunner(FakeRunner):
     """A runner whose forwards run beside chat, two at most: launch returns at once, poll answers the oldest once
-    `finished` is set."""
+    `finished` is set. As backend/engine/poc.py's, it keeps the forwards in flight (the queue keeps none)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.in_flight: deque[tuple[str, list[int]]] = deque()
+        self._flights: deque[Flight] = deque()
         self.finished = False
 
     @property
@@ -172,14 +173,20 @@ class LaunchingRunner(FakeRunner):
         return self.in_flight[-1] if self.in_flight else None
 
     @property
+    def is_in_flight(self) -> bool:
+        return bool(self._flights)
+
+    @property
     def can_launch(self) -> bool:
         return len(self.in_flight) < 2
 
-    def launch(self, job: ArtifactJob, nonces: list[int], is_chat_running: bool, budget_s: float) -> int:
+    def launch(self, job: ArtifactJob, nonces: list[int], is_chat_running: bool, budget_s: float,
+               owner=None) -> int:
         if self.blocked:
             raise NoFreeBlocks("all blocks in use")
         assert self.can_launch
         self.in_flight.append((job.spec.block_hash, nonces))
+        self._flights.append(Flight(owner, len(nonces)))
         return len(nonces)
 
     def poll(self, wait: bool = False, budget_s: float = 0.0):
@@ -188,10 +195,12 @@ class LaunchingRunner(FakeRunner):
             return None
         name, nonces = self.in_flight.popleft()
         if name == self.fail_for:
+            lost = [self._flights.popleft(), *self._flights]
             self.in_flight.clear()  # as the workers: a failure drops every forward in flight
-            raise RuntimeError("worker failed")
+            self._flights.clear()
+            raise ForwardsLost(lost, RuntimeError("worker failed"))
         self.forwards.append((name, len(nonces)))
-        return [(n, f"v{n}") for n in nonces]
+        return self._flights.popleft(), [(n, f"v{n}") for n in nonces]
 
 
 def test_artifact_queue_second_forward_takes_the_nonces_the_first_does_not_hold():
@@ -250,7 +259,7 @@ def test_artifact_queue_failed_oldest_forward_fails_its_task_and_the_next_runs_a
     queue.launch_batch(is_chat_running=True, budget_s=0.001)
     queue.launch_batch(is_chat_running=True, budget_s=0.001)
     queue.poll_batch(wait=True)
-    assert bad_done.calls[0][0] == [] and "PoC forward failed" in bad_done.calls[0][1].message
+    assert bad_done.calls[0][1].message == "PoC forward failed: worker failed" and bad_done.calls[0][0] == []
     assert not queue.is_in_flight and good.launched == 0 and queue.has_slot
     queue.launch_batch(is_chat_running=True, budget_s=0.001)
     assert runner.launched == ("good", [0, 1, 2, 3])

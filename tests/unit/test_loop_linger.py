@@ -54,10 +54,11 @@ def clock(monkeypatch):
 
 
 def _loop(chat: FakeChat, inbox=None, has_batch: bool = False) -> BackendLoop:
-    pow = SimpleNamespace(handlers=lambda: {}, has_batch=lambda: has_batch)
+    pow = SimpleNamespace(handlers=lambda: {})
+    artifacts = ["batch"] if has_batch else []  # the loop asks the artifact queue only its length here
     engine = SimpleNamespace(poc=SimpleNamespace(release=lambda: None))
-    return BackendLoop(engine, inbox or queue.Queue(), None, chat=chat, pow=pow, send=lambda *a: None,
-                       share=ChatShare(0.5))
+    return BackendLoop(engine, inbox or queue.Queue(), None, chat=chat, pow=pow, artifacts=artifacts,
+                       send=lambda *a: None, share=ChatShare(0.5))
 
 
 def test_linger_runs_from_chats_last_request(clock):

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 from vllm.v1.core.block_pool import BlockPool
 
-from backend.engine.poc import NoFreeBlocks, PocRunner
-from poc.spec import ArtifactJob, PocSpec
+from backend.engine.poc import ForwardsLost, NoFreeBlocks, PocRunner
+from poc.spec import ArtifactJob, ForwardBatch, PocSpec
 
 BLOCK_SIZE = 16
 SEQ_LEN = 64  # 4 blocks a sequence
@@ -36,9 +36,10 @@ class FakeCore:
         if method == "poc_layer_range":
             return [(0, 2)]
         if method == "poc_launch":
-            self.forwards.append(list(args[0]))
-            self.launched.append(list(args[3]))
-            self.launch_flags = tuple(args[7:])  # (is_chat_running, budget_s)
+            batch = args[0]
+            self.forwards.append(list(batch.block_ids))
+            self.launched.append(list(batch.nonces))
+            self.launch_flags = tuple(args[1:])  # (is_chat_running, budget_s)
             return [self.is_queued]
         if method == "poc_poll":
             if self.fail:
@@ -50,9 +51,10 @@ class FakeCore:
         assert method == "poc_artifacts"
         if self.fail:
             raise RuntimeError("worker failed")
-        block_ids, _hash, _key, nonces = args[:4]
-        self.forwards.append(list(block_ids))
-        return [[(n, f"v{n}") for n in nonces]]
+        (batch,) = args
+        assert isinstance(batch, ForwardBatch) and batch.spec.seq_len == SEQ_LEN
+        self.forwards.append(list(batch.block_ids))
+        return [[(n, f"v{n}") for n in batch.nonces]]
 
 
 def job(n: int) -> ArtifactJob:
@@ -104,12 +106,15 @@ def test_a_launched_forward_keeps_its_blocks_until_polled_back():
     core = FakeCore(num_blocks=65)
     runner = PocRunner(core, max_num_seqs=8, max_batch_tokens=8 * SEQ_LEN)
     free = core.pool.get_num_free_blocks()
-    assert runner.launch(job(8), list(range(8)), is_chat_running=True, budget_s=0.001) == 8 and runner.is_in_flight
+    assert runner.launch(job(8), list(range(8)), is_chat_running=True, budget_s=0.001, owner="task") == 8
+    assert runner.is_in_flight
     runner.release()  # an engine step beside the forward: its blocks stay leased
     assert core.pool.get_num_free_blocks() == free - 32
     assert runner.poll() is None and runner.is_in_flight
     core.finished = True
-    assert runner.poll() == [(n, f"v{n}") for n in range(8)] and not runner.is_in_flight
+    flight, artifacts = runner.poll()
+    assert (flight.owner, flight.num_nonces) == ("task", 8) and artifacts == [(n, f"v{n}") for n in range(8)]
+    assert not runner.is_in_flight
     runner.release()
     assert core.pool.get_num_free_blocks() == free
 
@@ -130,17 +135,21 @@ def test_a_second_forward_runs_behind_the_first_on_its_blocks_and_they_come_back
     core = FakeCore(num_blocks=65)
     runner = PocRunner(core, max_num_seqs=8, max_batch_tokens=8 * SEQ_LEN)
     free = core.pool.get_num_free_blocks()
-    runner.launch(job(8), list(range(8)), is_chat_running=True, budget_s=0.001)
+    runner.launch(job(8), list(range(8)), is_chat_running=True, budget_s=0.001, owner="first")
     assert runner.can_launch
-    runner.launch(job(8), list(range(8, 16)), is_chat_running=True, budget_s=0.001)
+    runner.launch(job(8), list(range(8, 16)), is_chat_running=True, budget_s=0.001, owner="second")
     assert core.forwards[1] == core.forwards[0] and core.pool.get_num_free_blocks() == free - 32
     assert not runner.can_launch  # two in flight
     assert runner.poll() is None
     core.finished = True
-    assert runner.poll() == [(n, f"v{n}") for n in range(8)] and runner.is_in_flight and runner.can_launch
+    flight, artifacts = runner.poll()
+    assert flight.owner == "first" and artifacts == [(n, f"v{n}") for n in range(8)]
+    assert runner.is_in_flight and runner.can_launch
     runner.release()  # one still in flight: the blocks stay leased
     assert core.pool.get_num_free_blocks() == free - 32
-    assert runner.poll() == [(n, f"v{n}") for n in range(8, 16)] and not runner.is_in_flight
+    flight, artifacts = runner.poll()
+    assert flight.owner == "second" and artifacts == [(n, f"v{n}") for n in range(8, 16)]
+    assert not runner.is_in_flight
     runner.release()
     assert core.pool.get_num_free_blocks() == free
 
@@ -160,11 +169,12 @@ def test_a_failed_poll_drops_every_forward_in_flight_and_returns_the_blocks():
     core = FakeCore(num_blocks=65)
     runner = PocRunner(core, max_num_seqs=8, max_batch_tokens=8 * SEQ_LEN)
     free = core.pool.get_num_free_blocks()
-    runner.launch(job(4), list(range(4)), is_chat_running=True, budget_s=0.001)
-    runner.launch(job(4), list(range(4, 8)), is_chat_running=True, budget_s=0.001)
+    runner.launch(job(4), list(range(4)), is_chat_running=True, budget_s=0.001, owner="first")
+    runner.launch(job(4), list(range(4, 8)), is_chat_running=True, budget_s=0.001, owner="second")
     core.fail = True
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ForwardsLost, match="worker failed") as lost:
         runner.poll()
+    assert [(f.owner, f.num_nonces) for f in lost.value.flights] == [("first", 4), ("second", 4)]
     assert not runner.is_in_flight and runner.can_launch and core.pool.get_num_free_blocks() == free
 
 
@@ -174,6 +184,6 @@ def test_a_launch_takes_what_the_free_blocks_allow_and_a_failed_poll_returns_the
     assert runner.launch(job(8), list(range(8)), is_chat_running=True, budget_s=0.001) == 4
     assert list(core.launched) == [[0, 1, 2, 3]]
     core.fail = True
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ForwardsLost):
         runner.poll(wait=True)
     assert not runner.is_in_flight and core.pool.get_num_free_blocks() == 16

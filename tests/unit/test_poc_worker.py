@@ -12,6 +12,7 @@ from backend.engine.pocworker.extension import PocWorkerExtension, _InFlight
 from backend.engine.pocworker.graphs import GraphedForward
 from backend.engine.pocworker.hooks import own_layers, reflection_hooks
 from poc.errors import PocInputError
+from poc.spec import ForwardBatch, PocSpec
 from poc.transforms import reflect_torch
 
 HIDDEN = 8
@@ -72,6 +73,10 @@ def test_poc_worker_layer_range_is_none_without_a_layer_list():
     assert worker.poc_layer_range() == (2, 4)
 
 
+def _batch(nonces: list[int]) -> ForwardBatch:
+    return ForwardBatch(PocSpec("h", "pk", 16, k_dim=4), tuple(nonces), (1,))
+
+
 class Event:
     """torch.cuda.Event's part poc_poll uses."""
 
@@ -91,7 +96,7 @@ def test_poc_worker_poll_waits_for_a_forward_queued_whole_at_launch(monkeypatch)
     monkeypatch.setattr(torch.cuda, "Event", Event)
     worker = PocWorkerExtension()
     stream = object()
-    worker._poc_in_flight.append(_InFlight(GraphedForward(torch.zeros(2, HIDDEN)), stream, 0, "h", "pk", [1, 2], 4))
+    worker._poc_in_flight.append(_InFlight(GraphedForward(torch.zeros(2, HIDDEN)), stream, 0, _batch([1, 2])))
     assert worker.poc_poll(wait=False, budget_s=0.001) == (False, None, True)
     done = worker._poc_in_flight[0].done
     assert done.stream is stream
@@ -119,7 +124,7 @@ class Layerwise:
 
 
 def _in_flight(forward, nonces):
-    return _InFlight(forward, None, 0, "h", "pk", nonces, 4)  # no stream: as off CUDA, done once queued
+    return _InFlight(forward, None, 0, _batch(nonces))  # no stream: as off CUDA, done once queued
 
 
 def test_poc_worker_polls_two_forwards_in_launch_order_queueing_the_newest():
@@ -143,7 +148,7 @@ def test_poc_worker_refuses_a_launch_behind_a_forward_not_wholly_queued():
     worker = PocWorkerExtension()
     worker._poc_in_flight.append(_in_flight(Layerwise(3), [1, 2]))
     with pytest.raises(RuntimeError, match="not wholly queued"):
-        worker.poc_launch([1], "h", "pk", [3], 16, 4, False, True, 0.001)
+        worker.poc_launch(_batch([3]), True, 0.001)
 
 
 def test_poc_worker_failed_poll_drops_every_forward_in_flight():

@@ -45,8 +45,8 @@ class Service:
     def step(self) -> None:
         """One turn of the loop: feed, a forward (it waits for blocks), the timer."""
         self.pow.feed()
-        if self.pow.has_batch():
-            self.pow.run_batch()
+        if len(self.pow.artifacts):
+            self.pow.artifacts.run_batch()
         self.pow.on_timer()
 
 

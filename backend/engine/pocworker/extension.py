@@ -28,6 +28,7 @@ from backend.engine.pocworker import forward, graphs, streams
 from backend.engine.pocworker.hooks import decoder_layers, find_layers, own_layers, reflect_output, reflection_hooks
 from poc.artifacts import compute_artifacts
 from poc.rng import householder_vectors, input_embeddings
+from poc.spec import ForwardBatch, PocSpec
 
 
 def _sync(device: torch.device) -> None:
@@ -76,31 +77,23 @@ class PocWorkerExtension:
         layers = own_layers(model)
         return layers.start, layers.stop
 
-    def _poc_last_hidden(self, device, block_ids: list[int], block_hash: str, public_key: str,
-                         nonces: list[int], seq_len: int, stronger_rng: bool) -> torch.Tensor | None:
+    def _poc_last_hidden(self, device, batch: ForwardBatch) -> torch.Tensor | None:
         """The batched prefill with the round's reflections, queued on the current stream: the last position's
         hidden state [B, H] on the last pipeline stage, None on the others."""
         model = self.model_runner.get_model()
-        x, vectors = self._poc_inputs(device, block_hash, public_key, nonces, seq_len, stronger_rng,
-                                      forward.is_first_stage())
+        # Only the first pipeline stage makes the inputs; later ones receive the previous stage's hidden states.
+        x = self._poc_embeddings(device, batch) if forward.is_first_stage() else None
+        vectors = self._poc_vectors(device, batch.spec.block_hash)
         with reflection_hooks(model, vectors):
-            return forward.pipeline_last_hidden(self.model_runner, self.vllm_config, model, block_ids, len(nonces),
-                                                seq_len, x)
+            return forward.pipeline_last_hidden(self.model_runner, self.vllm_config, model, list(batch.block_ids),
+                                                len(batch.nonces), batch.spec.seq_len, x)
 
-    def _poc_inputs(self, device, block_hash: str, public_key: str, nonces: list[int], seq_len: int,
-                    stronger_rng: bool, is_first_stage: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """(the seeded input embeddings [B, L, H], None off the first pipeline stage; the per-layer Householder
-        vectors in the model dtype), queued on the current stream."""
-        x = None
-        if is_first_stage:
-            x = self._poc_embeddings(device, block_hash, public_key, nonces, seq_len, stronger_rng)
-        return x, self._poc_vectors(device, block_hash)
-
-    def _poc_embeddings(self, device, block_hash: str, public_key: str, nonces: list[int], seq_len: int,
-                        stronger_rng: bool, out: torch.Tensor | None = None) -> torch.Tensor:
-        cfg = self.vllm_config
-        return input_embeddings(block_hash, public_key, nonces, seq_len, int(cfg.model_config.get_hidden_size()),
-                                device, cfg.model_config.dtype, stronger_rng=stronger_rng, out=out)
+    def _poc_embeddings(self, device, batch: ForwardBatch, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The seeded input embeddings [B, L, H], queued on the current stream."""
+        cfg, spec = self.vllm_config, batch.spec
+        return input_embeddings(spec.block_hash, spec.public_key, list(batch.nonces), spec.seq_len,
+                                int(cfg.model_config.get_hidden_size()), device, cfg.model_config.dtype,
+                                stronger_rng=spec.stronger_rng, out=out)
 
     def _poc_vectors(self, device, block_hash: str) -> torch.Tensor:
         cfg = self.vllm_config
@@ -113,16 +106,15 @@ class PocWorkerExtension:
         return torch.device(self.device) if not isinstance(self.device, torch.device) else self.device
 
     @torch.inference_mode()
-    def poc_artifacts(self, block_ids: list[int], block_hash: str, public_key: str, nonces: list[int],
-                      seq_len: int, k_dim: int, stronger_rng: bool) -> list[tuple[int, str]] | None:
+    def poc_artifacts(self, batch: ForwardBatch) -> list[tuple[int, str]] | None:
         """One batched causal prefill of the seeded inputs; returns (nonce, vector_b64) for finite rows on the
         last pipeline stage, None on the others."""
         device = self._device()
         _sync(device)  # the previous engine step may still be running on this stream
-        hidden = self._poc_last_hidden(device, block_ids, block_hash, public_key, nonces, seq_len, stronger_rng)
+        hidden = self._poc_last_hidden(device, batch)
         if hidden is None:
             return None
-        return compute_artifacts(hidden, block_hash, public_key, nonces, k_dim)
+        return _artifacts(hidden, batch)
 
     # --- PoC beside chat: the forward queued on a low-priority stream while chat steps go on (backend/engine/poc.py)
 
@@ -138,9 +130,8 @@ class PocWorkerExtension:
         return {**self._poc_streams.description, "graphs": graphs.enabled()}
 
     @torch.inference_mode()
-    def poc_launch(self, block_ids: list[int], block_hash: str, public_key: str, nonces: list[int],
-                   seq_len: int, k_dim: int, stronger_rng: bool, is_chat_running: bool, budget_s: float) -> bool:
-        """Starts queueing one forward (poc_artifacts' arguments): as many decoder layers as `budget_s` of host
+    def poc_launch(self, batch: ForwardBatch, is_chat_running: bool, budget_s: float) -> bool:
+        """Starts queueing one forward (poc_artifacts'): as many decoder layers as `budget_s` of host
         time allows, the rest in poc_poll calls, which also collect it. Beside running chat it takes only PoC's
         share of the SMs (streams.py); a shape's forwards after its first are replayed from a CUDA graph where
         one can be made (graphs.py). It may be launched while the previous forward runs, once that one is
@@ -164,21 +155,23 @@ class PocWorkerExtension:
             # The leased KV blocks may have been a finished request's, still written by the chat steps queued so
             # far (async scheduling runs one step ahead): the forward starts after them.
             stream.wait_stream(torch.cuda.current_stream(device))
+        block_ids = list(batch.block_ids)
         with self._on_poc_stream(stream, carveout):
-            vectors = self._poc_vectors(device, block_hash)
+            vectors = self._poc_vectors(device, batch.spec.block_hash)
 
             def fill_inputs(out: torch.Tensor | None = None) -> torch.Tensor:
-                return self._poc_embeddings(device, block_hash, public_key, nonces, seq_len, stronger_rng, out)
+                return self._poc_embeddings(device, batch, out)
 
             fwd: Any = None
             if self._poc_graphs is not None:
                 # A graph replays on the stream (and SMs) it was captured on.
-                key = ("alone" if stream is self._poc_streams.alone else "beside", len(nonces), seq_len)
+                key = ("alone" if stream is self._poc_streams.alone else "beside", len(batch.nonces),
+                       batch.spec.seq_len)
                 fwd = self._poc_graphs.launch(key, self, block_ids, fill_inputs, vectors, reflect_output)
             if fwd is None:
                 fwd = forward.LayerwiseForward(self.model_runner, self.vllm_config, self.model_runner.get_model(),
                                                block_ids, fill_inputs(), vectors, reflect_output)
-        f = _InFlight(fwd, stream, carveout, block_hash, public_key, nonces, k_dim)
+        f = _InFlight(fwd, stream, carveout, batch)
         self._poc_in_flight.append(f)
         return self._poc_advance(f, budget_s)
 
@@ -197,7 +190,7 @@ class PocWorkerExtension:
             self._poc_in_flight.popleft()
             assert f.forward.last_hidden is not None
             with self._collecting(f):
-                artifacts = compute_artifacts(f.forward.last_hidden, f.block_hash, f.public_key, f.nonces, f.k_dim)
+                artifacts = _artifacts(f.forward.last_hidden, f.batch)
             return True, artifacts, is_queued
         except BaseException:
             self._poc_in_flight.clear()  # the engine thread fails the oldest's task and runs the others again
@@ -257,8 +250,10 @@ class _InFlight:
     forward: Any  # forward.LayerwiseForward, or graphs.GraphedForward for a replay
     stream: Any  # None off CUDA: the forward ran as it was queued
     carveout: int
-    block_hash: str
-    public_key: str
-    nonces: list[int]
-    k_dim: int
+    batch: ForwardBatch
     done: Any = None  # the CUDA event recorded after its last kernel
+
+
+def _artifacts(hidden: torch.Tensor, batch: ForwardBatch) -> list[tuple[int, str]]:
+    spec: PocSpec = batch.spec
+    return compute_artifacts(hidden, spec.block_hash, spec.public_key, list(batch.nonces), spec.k_dim)
