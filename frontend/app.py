@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from frontend.auth import BearerGuard
 from frontend.backend_client import BackendClient
+from frontend.body import BodyWorker
 from frontend.convert import TokenFormat
 from frontend.errors import error_response, install_error_handlers
 from frontend.metrics import FrontendMetrics
@@ -105,15 +106,18 @@ def create_app(settings: FrontendSettings) -> FastAPI:
         app.state.client = client
         app.state.metrics = FrontendMetrics(client)
         app.state.token_format = TokenFormat(as_ids=settings.logprob_token_format == "ids")
+        app.state.body_worker.start()
         await client.start()
         try:
             yield
         finally:
             await client.close()
+            app.state.body_worker.close()
 
     app = FastAPI(title="pocserve", version="0.1.0", lifespan=lifespan)
     # Set here, not in the lifespan: the routes read it, and tests and benches drive the app without one.
     app.state.is_prompt_details = settings.enable_prompt_tokens_details
+    app.state.body_worker = BodyWorker()  # started by the lifespan, or by the first large body without one
     install_error_handlers(app)
     install_openapi(app)
     app.include_router(openai.router)

@@ -8,8 +8,9 @@ engine thread only steps the engine, as `vllm serve`'s engine process does, and 
 It also answers /tokenize and /detokenize (TokenizeJob) and renders vLLM's own metrics for /metrics (MetricsJob),
 sending the reply to the frontend as it sends deltas.
 
-Long prompts are tokenized on a helper thread (the tokenizer takes ~1.3 s per MB and would stall every stream's
-deltas meanwhile); it posts the result back through an inproc socket the loop polls.
+Only small requests are prepared or answered inline; the rest (long prompts: the tokenizer takes ~1.3 s per MB;
+many messages: the chat template renders each; many ids) go to a helper thread, which posts the outcome back
+through an inproc socket the loop polls. What is small is counted by backend/processor/cost.py.
 """
 
 from __future__ import annotations
@@ -22,14 +23,14 @@ import structlog
 import zmq
 
 from backend.errors import RequestError
-from backend.processor import tokenization
+from backend.processor import cost
 from backend.processor.link import ProcessorSide
 from backend.processor.tokenization import Tokenization
 from common.sockets import make_socket
 from protocol.codec import backend_codec
 from protocol.common import ErrorInfo
 from protocol.control import MetricsReply
-from protocol.generate import DeltasEvent, GenerateRequest
+from protocol.generate import DeltasEvent
 from protocol.processor import (
     FORWARD,
     EngineBuilt,
@@ -45,16 +46,8 @@ from protocol.processor import (
 
 log = structlog.get_logger(__name__)
 
-# Requests with more text than this are tokenized on the helper thread; 64k characters take about 0.1 s.
-INLINE_TEXT_CHARS = 64 * 1024
 # Chat statistics go to the engine process (for /metrics) at most this often.
 _STATS_INTERVAL_S = 0.25
-
-
-def text_chars(msg: GenerateRequest) -> int:
-    """Characters the tokenizer will read for this request."""
-    n = len(msg.prompt or "") + len(msg.sampling.enforced_str or "")
-    return n + sum(len(m.content) for m in msg.messages or ())
 
 
 class Processor:
@@ -94,15 +87,15 @@ class Processor:
     def _on_link(self, msg) -> None:
         match msg:
             case PrepareRequest():
-                if text_chars(msg.request) > INLINE_TEXT_CHARS:
-                    self._long.put(msg)
-                else:
+                if cost.inline(msg.request):
                     self._admit(msg, self._tokenize(msg))
-            case TokenizeJob():
-                if tokenization.text_chars(msg.request) > INLINE_TEXT_CHARS:
-                    self._long.put(msg)
                 else:
+                    self._long.put(msg)
+            case TokenizeJob():
+                if cost.inline(msg.request):
                     self._reply(msg, self._tokenize(msg))
+                else:
+                    self._long.put(msg)
             case ForgetRequest():
                 self._presenter.forget(msg.engine_rids)
             case MetricsJob():
@@ -124,14 +117,18 @@ class Processor:
         """The helper thread (it owns its end of the wake-up socket)."""
         wake = make_socket(ctx, zmq.PUSH)
         wake.connect(wake_addr)
+        encoder = backend_codec()  # its own: the main thread's is not shared across threads
         while True:
             msg = self._long.get()
-            self._done.put((msg, self._tokenize(msg)))
+            outcome = self._tokenize(msg)
+            if isinstance(msg, TokenizeJob):  # a reply of up to ~10^6 ids: encoded here, not on the main thread
+                outcome = encoder.encode(outcome)
+            self._done.put((msg, outcome))
             wake.send(b"")
 
     def _finish_long(self, msg: PrepareRequest | TokenizeJob, outcome) -> None:
         if isinstance(msg, TokenizeJob):
-            self._reply(msg, outcome)
+            self._link.send_multipart([FORWARD, msg.identity, outcome])
         else:
             self._admit(msg, outcome)
 

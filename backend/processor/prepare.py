@@ -16,6 +16,7 @@ from vllm.v1.engine.parallel_sampling import ParentRequest
 
 from backend.engine import compat
 from backend.errors import RequestError
+from backend.processor import cost
 from backend.processor.params import Vocab, check_lengths, render_prompt, sampling_params
 from backend.processor.parsing import ChatParsers, RequestParsing, tool_dicts
 from backend.settings import BackendSettings
@@ -57,6 +58,8 @@ class Preparer:
         if not 1 <= n <= self.max_num_seqs:
             raise RequestError(f"n must be between 1 and {self.max_num_seqs} (this backend's "
                                f"--max-num-seqs), got {n}", param="n")
+        # What can never fit is refused before the template or the tokenizer runs (backend/processor/cost.py).
+        cost.check(cost.of_generate(req), self.vocab.max_model_len, self.vocab.max_text_bytes)
         prompt_param = "messages" if req.messages is not None else "prompt"
         parsing = self.parsers.prepare(req)
         prompt_ids = render_prompt(self.vocab, req, tool_dicts(req.tools) if req.tools else None)
@@ -83,13 +86,25 @@ class Preparer:
                                                   tokenized.params, supported_tasks=("generate",),
                                                   priority=req.priority)
         except self._input_errors as e:
-            raise RequestError(str(e), param=param if is_grammar else None) from e
+            field = getattr(e, "parameter", None) or (param if is_grammar else None)
+            raise RequestError(shorten(str(e)), param=field) from e
         except RuntimeError as e:  # xgrammar raises RuntimeError for schemas it cannot compile
             if not is_grammar:
                 raise
             raise RequestError(f"invalid {param}: {e}", param=param) from e
         self._inputs.assign_request_id(request)
         return fan_out(request)
+
+
+# vLLM's messages list every offending value (100,000 out-of-vocabulary stop_token_ids made a 1.4 MB body).
+_MAX_MESSAGE_CHARS = 1000
+
+
+def shorten(message: str) -> str:
+    """A message cut in the middle, keeping its start (what is wrong) and its end (vLLM ends with the bound)."""
+    if len(message) <= _MAX_MESSAGE_CHARS:
+        return message
+    return f"{message[:700]} … ({len(message) - 900} characters left out) … {message[-200:]}"
 
 
 def fan_out(request: EngineCoreRequest) -> EngineRequests:

@@ -4,17 +4,10 @@ messages (through the chat template, with tools) → token ids, token ids → te
 from __future__ import annotations
 
 from backend.errors import RequestError
-from backend.processor import chat_template
+from backend.processor import chat_template, cost
 from backend.processor.params import Vocab
 from backend.processor.parsing import check_tool_schemas, tool_dicts
 from protocol.tokenize import DetokenizeReply, DetokenizeRequest, TokenizeReply, TokenizeRequest
-
-
-def text_chars(req: TokenizeRequest | DetokenizeRequest) -> int:
-    """Characters the tokenizer will read (0 for detokenizing)."""
-    if isinstance(req, DetokenizeRequest):
-        return 0
-    return len(req.prompt or "") + sum(len(m.content) for m in req.messages or ())
 
 
 class Tokenization:
@@ -24,6 +17,9 @@ class Tokenization:
     def answer(self, req: TokenizeRequest | DetokenizeRequest) -> TokenizeReply | DetokenizeReply:
         """The reply, with `error` set for what the client got wrong. Thread-safe."""
         try:
+            # What can never fit is refused before the template or the tokenizer runs (backend/processor/cost.py).
+            cost.check(cost.of_tokenize(req), self._vocab.max_model_len, self._vocab.max_text_bytes,
+                       detokenize=isinstance(req, DetokenizeRequest))
             if isinstance(req, DetokenizeRequest):
                 return self._detokenize(req)
             return self._tokenize(req)

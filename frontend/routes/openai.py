@@ -17,13 +17,14 @@ from fastapi.responses import Response, StreamingResponse
 
 from frontend import convert, sse
 from frontend.backend_client import BackendRequestError, BackendUnavailable
+from frontend.body import OffloadRoute
 from frontend.errors import ApiError, backend_error_body
 from frontend.openai_models import ChatCompletionRequest, CompletionRequest
 from frontend.openapi import SSE, errors
 from frontend.shape import ChatShape, CompletionShape
 from protocol.generate import Delta, GenerateRequest
 
-router = APIRouter()
+router = APIRouter(route_class=OffloadRoute)  # large bodies are parsed off the loop (frontend/body.py)
 
 # A non-streaming request starts watching for a client disconnect once it has taken this long.
 _WATCH_AFTER_S = 0.05

@@ -14,6 +14,7 @@ import structlog
 from fastapi import APIRouter, Request
 
 from frontend.backend_client import BackendRequestError, BackendUnavailable
+from frontend.body import OffloadRoute
 from frontend.errors import ApiError
 from frontend.openapi import errors
 from frontend.pow_models import GenerateRequest, InitGenerateRequest
@@ -88,7 +89,7 @@ def _job_of(reply: PowJobReply) -> JobView:
 
 def make_pow_router(settings: FrontendSettings) -> APIRouter:
     # 401: the token (POCSERVE_POW_API_TOKEN) is checked by frontend/auth.py, before the route is chosen.
-    router = APIRouter(prefix="/api/v1/pow", tags=["pow"], responses=errors(401, 503))
+    router = APIRouter(prefix="/api/v1/pow", tags=["pow"], responses=errors(401, 503), route_class=OffloadRoute)
     wait_timeout_s = settings.pow_wait_timeout_s
 
     @router.post("/init/generate", responses=errors(400, 409, 413))

@@ -20,6 +20,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from frontend import convert
 from frontend.backend_client import BackendRequestError, BackendUnavailable
+from frontend.body import OffloadRoute
 from frontend.errors import ApiError, backend_error_body
 from frontend.openapi import SSE, errors
 from frontend.responses_convert import generate_request
@@ -29,7 +30,7 @@ from frontend.responses_stream import ResponseEvents, frame
 from frontend.routes.openai import _collect, _until_done, check_model
 from protocol.generate import Delta, GenerateRequest
 
-router = APIRouter()
+router = APIRouter(route_class=OffloadRoute)  # large bodies are parsed off the loop (frontend/body.py)
 
 # The backend names chat's fields in its errors; these are their Responses names.
 _PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"}

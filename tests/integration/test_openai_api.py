@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from backend.processor.main import INLINE_TEXT_CHARS
+from backend.processor.cost import INLINE_CHARS
 from tests.stack import MAX_MODEL_LEN
 
 MESSAGES = [{"role": "user", "content": "Tell me about the weather today."}]
@@ -156,9 +156,9 @@ def test_text_that_cannot_fit_is_refused_before_tokenizing(stack, path, body, pa
     ("/v1/completions", {"prompt": "x " * 50_000}, "prompt"),
 ])
 def test_long_text_is_tokenized_off_the_engine_thread_while_streams_go_on(client, stack, path, body, param):
-    # 100k characters: past INLINE_TEXT_CHARS, within the size bound (MAX_MODEL_LEN tokens x 116 bytes), so the prepare
+    # 100k characters: past INLINE_CHARS, within the size bound (MAX_MODEL_LEN tokens x 116 bytes), so the prepare
     # thread tokenizes it and its token count refuses it. A stream started before it runs to its end.
-    assert INLINE_TEXT_CHARS < 100_000 < MAX_MODEL_LEN * 116
+    assert INLINE_CHARS < 100_000 < MAX_MODEL_LEN * 116
     stream = client.chat.completions.create(model=stack.model, messages=[{"role": "user", "content": "hi"}],
                                             max_tokens=24, stream=True, extra_body={"ignore_eos": True})
     first = next(stream)

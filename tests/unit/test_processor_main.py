@@ -14,14 +14,15 @@ from vllm import SamplingParams
 from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest
 
 from backend.errors import RequestError
-from backend.processor import PreparedRequests
+from backend.processor import PreparedRequests, cost
+from backend.processor.cost import INLINE_CHARS, INLINE_IDS, INLINE_MESSAGES
 from backend.processor.link import EngineSide
-from backend.processor.main import INLINE_TEXT_CHARS, Processor, text_chars
+from backend.processor.main import Processor
 from backend.processor.prepare import EngineRequests
 from common.sockets import make_socket
 from protocol.codec import frontend_codec
 from protocol.control import MetricsReply
-from protocol.generate import ChatMessage, DeltasEvent, GenerateRequest, SamplingSpec
+from protocol.generate import ChatMessage, DeltasEvent, GenerateRequest, SamplingSpec, ToolCall, ToolSpec
 from protocol.processor import (
     FORWARD,
     EngineBuilt,
@@ -34,7 +35,7 @@ from protocol.processor import (
     StopStringsHit,
     TokenizeJob,
 )
-from protocol.tokenize import TokenizeReply, TokenizeRequest
+from protocol.tokenize import DetokenizeRequest, TokenizeReply, TokenizeRequest
 from tests.unit.fake_backend import delta
 
 WAIT_MS = 5000
@@ -129,7 +130,7 @@ class FakeTokenization:
 
     def answer(self, req: TokenizeRequest) -> TokenizeReply:
         self.threads.append(threading.current_thread().name)
-        return TokenizeReply(rid=req.rid, tokens=[len(req.prompt or "")])
+        return TokenizeReply(rid=req.rid, tokens=[len(getattr(req, "prompt", None) or "")])
 
 
 class Engine:
@@ -207,11 +208,43 @@ def _prepare(engine_rid: str = "e1", n: int = 1, prompt: str = "hi", **kw) -> Pr
     return PrepareRequest(engine_rid=engine_rid, identity=b"fe-1", request=request)
 
 
-def test_text_chars_counts_everything_the_tokenizer_reads():
-    req = GenerateRequest(rid="r", sampling=SamplingSpec(enforced_str="abc"), prompt="hello",
-                          messages=[ChatMessage(role="user", content="hi"), ChatMessage(role="user", content="you")])
-    assert text_chars(req) == 5 + 3 + 2 + 3
-    assert text_chars(GenerateRequest(rid="r", sampling=SamplingSpec())) == 0
+def test_the_cost_counts_everything_the_template_and_tokenizer_read():
+    call = ToolCall(id="c1", name="f", arguments='{"a":1}')
+    req = GenerateRequest(rid="r", sampling=SamplingSpec(enforced_str="abc", stop_token_ids=[1, 2]),
+                          messages=[ChatMessage(role="user", content="hi"),
+                                    ChatMessage(role="assistant", content="", tool_calls=[call], reasoning="why")],
+                          tools=[ToolSpec(name="f", description="d", parameters="{}")])
+    assert cost.of_generate(req) == cost.Cost(messages=3, chars=4 + 2 + 9 + (2 + 1 + 7) + 3 + 4 + 3, ids=2)
+    assert cost.of_generate(_prepare(prompt="hello").request) == cost.Cost(chars=5, ids=0, text_param="prompt")
+    assert cost.of_tokenize(DetokenizeRequest(rid="d", tokens=[1, 2, 3])) == cost.Cost(ids=3)
+
+
+def test_empty_messages_are_not_inline_work():
+    """500,000 empty messages have no text, yet the template renders each: judged by count, not characters."""
+    empty = [ChatMessage(role="user", content="")]
+    assert cost.inline(_prepare(prompt=None, messages=empty * INLINE_MESSAGES).request)
+    assert not cost.inline(_prepare(prompt=None, messages=empty * (INLINE_MESSAGES + 1)).request)
+    assert not cost.inline(TokenizeRequest(rid="t", messages=empty * (INLINE_MESSAGES + 1)))
+    assert cost.inline(DetokenizeRequest(rid="d", tokens=[1] * INLINE_IDS))
+    assert not cost.inline(DetokenizeRequest(rid="d", tokens=[1] * (INLINE_IDS + 1)))
+    many_calls = [ChatMessage(role="assistant", content="", tool_calls=[ToolCall(id="c", name="f", arguments="")]
+                              * (INLINE_MESSAGES + 1))]
+    assert not cost.inline(_prepare(prompt=None, messages=many_calls).request)
+    assert not cost.inline(GenerateRequest(rid="r", sampling=SamplingSpec(stop_token_ids=[1] * (INLINE_IDS + 1)),
+                                           prompt="hi"))
+
+
+def test_what_can_never_fit_is_refused_naming_the_field():
+    with pytest.raises(RequestError) as e:
+        cost.check(cost.Cost(messages=101), 100, 10_000)
+    assert (e.value.status, e.value.param) == (400, "messages")
+    with pytest.raises(RequestError) as e:
+        cost.check(cost.Cost(chars=10_001, text_param="prompt"), 100, 10_000)
+    assert e.value.param == "prompt" and "10001 characters" in e.value.message
+    with pytest.raises(RequestError) as e:
+        cost.check(cost.Cost(ids=101), 100, 10_000, detokenize=True)
+    assert e.value.param == "tokens"
+    cost.check(cost.Cost(messages=100, chars=10_000, ids=101), 100, 10_000)  # ids bound /detokenize only
 
 
 def test_a_prepared_request_is_routed_and_its_engine_requests_sent(engine, parts):
@@ -227,10 +260,20 @@ def test_a_prepared_request_is_routed_and_its_engine_requests_sent(engine, parts
 
 def test_a_long_prompt_is_tokenized_on_the_helper_thread(engine, parts):
     preparer, _, tokenizing = parts
-    engine.send(_prepare(prompt="x" * (INLINE_TEXT_CHARS + 1)))
+    engine.send(_prepare(prompt="x" * (INLINE_CHARS + 1)))
     assert isinstance(engine.receive(), PreparedRequests)
-    engine.send(TokenizeJob(identity=b"fe-2", request=TokenizeRequest(rid="t1", prompt="y" * (INLINE_TEXT_CHARS + 1))))
-    assert engine.receive() == [(b"fe-2", TokenizeReply(rid="t1", tokens=[INLINE_TEXT_CHARS + 1]))]
+    engine.send(TokenizeJob(identity=b"fe-2", request=TokenizeRequest(rid="t1", prompt="y" * (INLINE_CHARS + 1))))
+    assert engine.receive() == [(b"fe-2", TokenizeReply(rid="t1", tokens=[INLINE_CHARS + 1]))]
+    assert preparer.threads == tokenizing.threads == ["tokenize"]
+
+
+def test_many_empty_messages_are_prepared_on_the_helper_thread(engine, parts):
+    preparer, _, tokenizing = parts
+    empty = [ChatMessage(role="user", content="")] * (INLINE_MESSAGES + 1)
+    engine.send(_prepare(prompt=None, messages=empty))
+    assert isinstance(engine.receive(), PreparedRequests)
+    engine.send(TokenizeJob(identity=b"fe-2", request=DetokenizeRequest(rid="d1", tokens=[5] * (INLINE_IDS + 1))))
+    engine.receive()
     assert preparer.threads == tokenizing.threads == ["tokenize"]
 
 

@@ -1,0 +1,130 @@
+"""One hostile request beside normal chats: how long does a normal chat's first token wait while it runs?
+
+    .venv/bin/python -m bench.stall [--cases all] [--json /tmp/stall.json]
+
+Starts its own backend (embedded CPU engine, the generated tiny model, tests/stack.py's arguments) and one
+frontend, then measures a normal streaming chat's TTFT (time to the first SSE event) on an idle stack, and again
+while each hostile request of issue 33 is in flight on the same frontend:
+
+- `chat_500k_empty`: a chat with 500,000 empty messages (15 MB);
+- `tokenize_900k_empty`: /tokenize with 900,000 empty messages (27 MB);
+- `detokenize_10m`: /detokenize of 10 million ids (20 MB).
+
+Normal chats run one after another from just before the hostile request is sent until it is answered; each
+case reports the hostile request's status and duration and the probes' TTFT (max, p50) against the target,
+2 × idle p50 + 50 ms. The figures are for docs/benchmarks.md; nothing here passes or fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+from tests.stack import running_stack
+
+_PROBE = {"model": "tiny", "messages": [{"role": "user", "content": "Hello there, how are you?"}], "max_tokens": 4,
+          "stream": True, "ignore_eos": True}
+
+
+def hostile_bodies() -> dict[str, tuple[str, bytes]]:
+    """Case name → (path, JSON body), built once (their encoding is not part of what is measured)."""
+    empty = b'{"role":"user","content":""}'
+    return {
+        "chat_500k_empty": ("/v1/chat/completions", b'{"model":"tiny","max_tokens":4,"messages":['
+                            + b",".join([empty] * 500_000) + b"]}"),
+        "tokenize_900k_empty": ("/tokenize", b'{"model":"tiny","messages":[' + b",".join([empty] * 900_000)
+                                + b"]}"),
+        "detokenize_10m": ("/detokenize", b'{"model":"tiny","tokens":[' + b",".join([b"1"] * 10_000_000) + b"]}"),
+    }
+
+
+async def probe(session: aiohttp.ClientSession, base: str, failures: list[str] | None = None) -> float:
+    """A normal chat's TTFT; a probe that fails (a stalled frontend is declared lost by the backend, which
+    aborts its streams with 503) counts the time it took, and its error is kept in `failures`."""
+    started = time.perf_counter()
+    ttft = 0.0
+    async with session.post(f"{base}/v1/chat/completions", json=_PROBE) as resp:
+        if resp.status != 200 and failures is not None:
+            failures.append(f"{resp.status}: {(await resp.text())[:120]}")
+            return time.perf_counter() - started
+        assert resp.status == 200, await resp.text()
+        async for line in resp.content:
+            if line.startswith(b"data:") and not ttft:
+                ttft = time.perf_counter() - started
+            if b'"error"' in line and failures is not None:
+                failures.append(line[:120].decode(errors="replace"))
+    return ttft
+
+
+async def run_case(session: aiohttp.ClientSession, base: str, path: str, body: bytes) -> dict:
+    done = asyncio.Event()
+    outcome: dict = {}
+
+    async def hostile() -> None:
+        started = time.perf_counter()
+        try:
+            async with session.post(f"{base}{path}", data=body,
+                                    headers={"content-type": "application/json"}) as resp:
+                text = await resp.read()
+                outcome.update(status=resp.status, response_bytes=len(text), body_head=text[:160].decode(
+                    errors="replace"))
+        except aiohttp.ClientError as e:
+            outcome.update(status=None, error=repr(e))
+        outcome["duration_s"] = round(time.perf_counter() - started, 3)
+        done.set()
+
+    task = asyncio.create_task(hostile())
+    ttfts: list[float] = []
+    failures: list[str] = []
+    while not done.is_set():
+        ttfts.append(await probe(session, base, failures))
+    await task
+    return {**outcome, "probes": len(ttfts), "probe_failures": failures, "ttft_max_ms": round(1000 * max(ttfts), 1),
+            "ttft_p50_ms": round(1000 * statistics.median(ttfts), 1)}
+
+
+async def measure(base: str, cases: list[str], idle_n: int) -> dict:
+    bodies = hostile_bodies()
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for _ in range(3):  # warm-up
+            await probe(session, base)
+        idle = [await probe(session, base) for _ in range(idle_n)]
+        p50 = statistics.median(idle)
+        report: dict = {"idle_ttft_p50_ms": round(1000 * p50, 1), "idle_ttft_max_ms": round(1000 * max(idle), 1),
+                        "target_ms": round(1000 * (2 * p50 + 0.05), 1), "cases": {}}
+        for name in cases:
+            path, body = bodies[name]
+            report["cases"][name] = {"body_mb": round(len(body) / 1e6, 1),
+                                     **await run_case(session, base, path, body)}
+            print(name, report["cases"][name], flush=True)
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cases", default="all", help="comma-separated case names, or all")
+    parser.add_argument("--idle-probes", type=int, default=20)
+    parser.add_argument("--model-dir", type=Path, default=Path("models/tiny-qwen3"))
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    from backend.tools.modelgen import ensure_model
+
+    cases = list(hostile_bodies()) if args.cases == "all" else args.cases.split(",")
+    model_dir = ensure_model(args.model_dir, "tiny")
+    with tempfile.TemporaryDirectory(prefix="stall-") as work, running_stack(model_dir, Path(work)) as stack:
+        report = asyncio.run(measure(stack.base_url, cases, args.idle_probes))
+    print(json.dumps(report, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
