@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import bisect
 
+from protocol.common import TokenHistogram
+
 # vLLM's buckets for vllm:iteration_tokens_total.
 ITERATION_TOKEN_BOUNDS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
@@ -23,3 +25,7 @@ class IterationHistogram:
         self.counts[bisect.bisect_left(ITERATION_TOKEN_BOUNDS, num_tokens)] += 1
         self.sum += num_tokens
         self.count += 1
+
+    def snapshot(self) -> TokenHistogram:
+        return TokenHistogram(bounds=[float(b) for b in ITERATION_TOKEN_BOUNDS], counts=list(self.counts),
+                              sum=float(self.sum), count=self.count)

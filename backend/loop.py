@@ -12,12 +12,11 @@ from backend import policy
 from backend.chat import ChatRequests
 from backend.engine import EngineApi
 from backend.errors import RequestFailed
-from backend.iterations import ITERATION_TOKEN_BOUNDS
 from backend.pow.artifact_queue import ArtifactQueue
 from backend.pow.service import PowService
 from backend.share import ChatShare
 from backend.transport.control import ControlPlane
-from protocol.common import BackendStats
+from protocol.common import EngineStats
 from protocol.control import ErrorReply
 
 log = structlog.get_logger(__name__)
@@ -175,7 +174,7 @@ class BackendLoop:
         now = time.monotonic()
         if now - self._published_at >= _PUBLISH_INTERVAL_S:
             self._published_at = now
-            self.control.publish(self.stats())
+            self.control.publish(self.stats(), self.pow.stats(), self.pow.callbacks.stats())
 
     def on_timer(self) -> None:
         now = time.monotonic()
@@ -185,17 +184,9 @@ class BackendLoop:
             for timer in self._timers:
                 timer()
 
-    def stats(self) -> BackendStats:
-        """The engine thread's side of the stats; the io thread adds the processor's chat counters and the
-        connection side per pong."""
+    def stats(self) -> EngineStats:
+        """The engine thread's part of BackendStats (backend/transport/control.py puts the parts together)."""
         running, waiting, kv_usage = self.engine.load()
-        poc_iterations = self.artifacts.iterations
-        return BackendStats(
-            instance_id=self.control.instance_id, uptime_s=0.0, num_frontends=0, num_running=running,
-            num_waiting=waiting, kv_cache_usage=kv_usage, num_engine_steps=self.num_steps,
-            num_prompt_tokens=0, num_generation_tokens=0, num_finished_requests=0,
-            num_aborted_requests=self.chat.num_aborted, num_rejected_frames=0,
-            iteration_tokens_bounds=[float(b) for b in ITERATION_TOKEN_BOUNDS],
-            iteration_tokens_counts=list(poc_iterations.counts), iteration_tokens_sum=float(poc_iterations.sum),
-            iteration_tokens_count=poc_iterations.count, inbox_depth=self.inbox.qsize(), **self.pow.stats(),
-        )
+        return EngineStats(num_running=running, num_waiting=waiting, kv_cache_usage=kv_usage,
+                           num_engine_steps=self.num_steps, num_aborted_requests=self.chat.num_aborted,
+                           inbox_depth=self.inbox.qsize(), poc_iteration_tokens=self.artifacts.iterations.snapshot())

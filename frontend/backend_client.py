@@ -249,11 +249,12 @@ class BackendClient:
             await asyncio.sleep(self.ping_interval_s)
 
     def _on_stats(self, stats: BackendStats) -> None:
-        if self._instance_id != stats.instance_id:
+        instance_id = stats.link.instance_id
+        if self._instance_id != instance_id:
             if self._instance_id is not None:
-                log.warning("backend_restarted", old=self._instance_id, new=stats.instance_id)
+                log.warning("backend_restarted", old=self._instance_id, new=instance_id)
                 self._mark_down("backend restarted")
-            self._instance_id = stats.instance_id
+            self._instance_id = instance_id
             self.fingerprint = None
             self._orphans.clear()  # a new backend instance never had them
         if self._orphans:

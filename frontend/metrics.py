@@ -15,7 +15,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from protocol.common import BackendStats
+from protocol.common import BackendStats, ProcessorStats, TokenHistogram
 
 # vLLM's per-engine labels; engine is always "0" (one engine core per backend).
 VLLM_LABELS = ["model_name", "engine"]
@@ -46,50 +46,65 @@ class BackendCollector:
             return
         fingerprint = self._client.fingerprint
         labels = [fingerprint.served_model_name if fingerprint is not None else "", "0"]
-        for name, doc, value in (
-            ("vllm:num_requests_running", "Number of requests in model execution batches.", stats.num_running),
-            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", stats.num_waiting),
-            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", stats.kv_cache_usage),
-        ):
-            g = GaugeMetricFamily(name, doc, labels=VLLM_LABELS)
-            g.add_metric(labels, float(value))
-            yield g
-        for name, doc, value in (
-            ("pocserve_poc_mining", "1 while a PoC mining round is active.", float(stats.is_mining)),
-            ("pocserve_poc_queued_job_nonces", "Nonces in queued /generate jobs.", stats.num_queued_job_nonces),
-            ("pocserve_callback_backlog", "Callbacks waiting for delivery.", stats.callback_backlog),
-            ("pocserve_engine_heartbeat_age_seconds", "Seconds since the engine loop last reported.",
-             stats.engine_heartbeat_age_s),
-        ):
+        link, engine, poc, callbacks = stats.link, stats.engine, stats.poc, stats.callbacks
+        # A part is absent until its owner first reports (the engine while it loads): its series are left out then.
+        gauges = [("pocserve_engine_heartbeat_age_seconds", "Seconds since the engine loop last reported.",
+                   link.engine_heartbeat_age_s)]
+        counters = [
+            ("pocserve_backend_rejected_frames", "Malformed frames the backend dropped.", link.num_rejected_frames),
+            ("pocserve_backend_curve_refusals", "CURVE peers the backend refused (handshakes, revoked keys).",
+             link.num_curve_refusals)]
+        if engine is not None:
+            for name, doc, value in (
+                ("vllm:num_requests_running", "Number of requests in model execution batches.", engine.num_running),
+                ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", engine.num_waiting),
+                ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", engine.kv_cache_usage),
+            ):
+                g = GaugeMetricFamily(name, doc, labels=VLLM_LABELS)
+                g.add_metric(labels, float(value))
+                yield g
+            yield _iteration_tokens(engine.poc_iteration_tokens, stats.chat, labels)
+            counters.append(("pocserve_backend_aborted_requests", "Requests aborted in the engine.",
+                             engine.num_aborted_requests))
+        if poc is not None:
+            gauges += [("pocserve_poc_mining", "1 while a PoC mining round is active.", float(poc.is_mining)),
+                       ("pocserve_poc_queued_job_nonces", "Nonces in queued /generate jobs.",
+                        poc.num_queued_job_nonces)]
+            counters += [("pocserve_poc_nonces", "PoC nonces computed (mining and jobs).", poc.num_nonces),
+                         ("pocserve_poc_validations", "PoC validation jobs completed.", poc.num_validations)]
+        if callbacks is not None:
+            gauges.append(("pocserve_callback_backlog", "Callbacks waiting for delivery.", callbacks.backlog))
+            counters += [
+                ("pocserve_callbacks_delivered", "Callbacks delivered.", callbacks.num_delivered),
+                ("pocserve_callbacks_dropped", "Callbacks dropped (retries exhausted or outbox full).",
+                 callbacks.num_dropped),
+                ("pocserve_callback_retries", "Callback attempts that failed and were retried.", callbacks.num_retries)]
+        for name, doc, value in gauges:
             g = GaugeMetricFamily(name, doc)
             g.add_metric([], float(value))
             yield g
-        cumulative, buckets = 0, []
-        bounds = [*stats.iteration_tokens_bounds, float("inf")]
-        for bound, count in zip(bounds, stats.iteration_tokens_counts, strict=False):
-            cumulative += count
-            buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
-        h = HistogramMetricFamily("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
-                                  labels=VLLM_LABELS)
-        h.add_metric(labels, buckets, sum_value=stats.iteration_tokens_sum)
-        yield h
-        for name, doc, value in (
-            ("pocserve_backend_rejected_frames", "Malformed frames the backend dropped.",
-             stats.num_rejected_frames),
-            ("pocserve_backend_aborted_requests", "Requests aborted in the engine.", stats.num_aborted_requests),
-            ("pocserve_backend_curve_refusals", "CURVE peers the backend refused (handshakes, revoked keys).",
-             stats.num_curve_refusals),
-            ("pocserve_poc_nonces", "PoC nonces computed (mining and jobs).", stats.num_poc_nonces),
-            ("pocserve_poc_validations", "PoC validation jobs completed.", stats.num_validations),
-            ("pocserve_callbacks_delivered", "Callbacks delivered.", stats.num_callbacks_delivered),
-            ("pocserve_callbacks_dropped", "Callbacks dropped (retries exhausted or outbox full).",
-             stats.num_callbacks_dropped),
-            ("pocserve_callback_retries", "Callback attempts that failed and were retried.",
-             stats.num_callback_retries),
-        ):
+        for name, doc, value in counters:
             c = CounterMetricFamily(name, doc)
             c.add_metric([], float(value))
             yield c
+
+
+def _iteration_tokens(poc: TokenHistogram, chat: ProcessorStats | None, labels: list[str]) -> HistogramMetricFamily:
+    """vllm:iteration_tokens_total over every unit of device work: chat's steps (the processor counts them) and
+    PoC's forwards (the engine thread does), on the same bounds."""
+    counts, total = list(poc.counts), poc.sum
+    if chat is not None:
+        for i, n in enumerate(chat.iteration_tokens_counts[:len(counts)]):
+            counts[i] += n
+        total += chat.iteration_tokens_sum
+    cumulative, buckets = 0, []
+    for bound, count in zip([*poc.bounds, float("inf")], counts, strict=False):
+        cumulative += count
+        buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+    h = HistogramMetricFamily("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+                              labels=VLLM_LABELS)
+    h.add_metric(labels, buckets, sum_value=total)
+    return h
 
 
 class FrontendMetrics:

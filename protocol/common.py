@@ -32,50 +32,90 @@ class Fingerprint(msgspec.Struct, kw_only=True):
     # PYTHONHASHSEED and prefix-cache hash algorithm: prefix-cache keys are reproducible only if these match.
     python_hash_seed: str = ""
     prefix_caching_hash_algo: str = ""
-    # Pins of the PoC parameters this backend accepts (0 = not pinned).
-    poc_seq_len: int = 0
-    poc_k_dim: int = 0
     # Extra names the model is served under (besides served_model_name and model_path).
     model_aliases: list[str] = []
 
 
-class BackendStats(msgspec.Struct, kw_only=True):
-    """A snapshot of the backend, sent in PongReply: health, metrics and the probe read it."""
+class ProcessorStats(msgspec.Struct, tag="p.stats", kw_only=True):
+    """Processor → engine (protocol/processor.py), a few times a second, and passed on in BackendStats: what vLLM's
+    output processor counted (chat only)."""
+
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    num_finished_requests: int
+    # Histogram of tokens per engine step that produced outputs: counts per upper bound (+Inf last).
+    iteration_tokens_counts: list[int]
+    iteration_tokens_sum: float
+    iteration_tokens_count: int
+
+
+class TokenHistogram(msgspec.Struct, kw_only=True):
+    """Tokens per engine step: `counts[i]` steps of at most `bounds[i]` tokens (not cumulative), +Inf last."""
+
+    bounds: list[float]
+    counts: list[int]
+    sum: float
+    count: int
+
+
+class LinkStats(msgspec.Struct, kw_only=True):
+    """The io thread's part, made for each pong: the process and its peers."""
 
     # New on every backend start: a change tells a frontend that requests in flight were lost.
     instance_id: str
     uptime_s: float
     num_frontends: int
+    # Frames that could not be decoded or had no handler (dropped, counted).
+    num_rejected_frames: int
+    outbox_depth: int
+    # CURVE refusals: handshakes (unknown key, plaintext peer) and frames from revoked keys; 0 without CURVE.
+    num_curve_refusals: int
+    # False while the engine is still loading (pings are answered from the first second).
+    is_engine_ready: bool
+    # Seconds since the engine thread last published its part; grows only if the engine loop is stuck.
+    engine_heartbeat_age_s: float
+
+
+class EngineStats(msgspec.Struct, kw_only=True):
+    """The engine thread's part, published between steps (backend/loop.py)."""
+
     num_running: int
     num_waiting: int
     kv_cache_usage: float
     num_engine_steps: int
-    num_prompt_tokens: int
-    num_generation_tokens: int
-    num_finished_requests: int
     num_aborted_requests: int
-    # Frames that could not be decoded or had no handler (dropped, counted).
-    num_rejected_frames: int
-    # Histogram of tokens scheduled per engine step: counts per upper bound (cumulative is the frontend's job).
-    iteration_tokens_bounds: list[float] = []
-    iteration_tokens_counts: list[int] = []
-    iteration_tokens_sum: float = 0.0
-    iteration_tokens_count: int = 0
-    inbox_depth: int = 0
-    outbox_depth: int = 0
-    # PoC: a mining round is active; nonces computed (mining + jobs); validations done; queued job nonces.
-    is_mining: bool = False
-    num_poc_nonces: int = 0
-    num_validations: int = 0
-    num_queued_job_nonces: int = 0
-    # Callbacks: delivered, dropped (retries exhausted or outbox cap), retried attempts, waiting now.
-    num_callbacks_delivered: int = 0
-    num_callbacks_dropped: int = 0
-    num_callback_retries: int = 0
-    callback_backlog: int = 0
-    # False while the engine is still loading (pings are answered from the first second).
-    is_engine_ready: bool = False
-    # Seconds since the engine thread last published stats; grows only if the engine loop is stuck.
-    engine_heartbeat_age_s: float = 0.0
-    # CURVE refusals: handshakes (unknown key, plaintext peer) and frames from revoked keys; 0 without CURVE.
-    num_curve_refusals: int = 0
+    inbox_depth: int
+    # PoC forwards' tokens (they move vllm:iteration_tokens_total too); chat's steps are the processor's part.
+    poc_iteration_tokens: TokenHistogram
+
+
+class PocStats(msgspec.Struct, kw_only=True):
+    """The PoC service's part (engine thread): a round is active; nonces computed (mining and jobs); validations
+    done; nonces of queued jobs."""
+
+    is_mining: bool
+    num_nonces: int
+    num_validations: int
+    num_queued_job_nonces: int
+
+
+class CallbackStats(msgspec.Struct, kw_only=True):
+    """The callback sender's part (its thread counts): delivered, dropped (retries exhausted or outbox cap),
+    attempts retried, waiting now."""
+
+    num_delivered: int
+    num_dropped: int
+    num_retries: int
+    backlog: int
+
+
+class BackendStats(msgspec.Struct, kw_only=True):
+    """A snapshot of the backend, sent in PongReply: health, metrics and the probe read it. Each part is made
+    whole by the one thread that owns its numbers; a part is None until its owner first reports."""
+
+    link: LinkStats
+    engine: EngineStats | None = None
+    poc: PocStats | None = None
+    callbacks: CallbackStats | None = None
+    # What the processor process counted of chat (prompt and generated tokens, chat's steps).
+    chat: ProcessorStats | None = None

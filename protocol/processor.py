@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import msgspec
 
-from protocol.common import ErrorInfo
+from protocol.common import ErrorInfo, ProcessorStats
 from protocol.generate import GenerateRequest
 from protocol.tokenize import DetokenizeRequest, TokenizeRequest
 
@@ -89,18 +89,6 @@ class ProcessorReady(msgspec.Struct, tag="p.ready", kw_only=True):
 
     pid: int
     vocab_size: int
-
-
-class ProcessorStats(msgspec.Struct, tag="p.stats", kw_only=True):
-    """Processor → engine, a few times a second: what vLLM's output processor counted (chat only)."""
-
-    num_prompt_tokens: int
-    num_generation_tokens: int
-    num_finished_requests: int
-    # Histogram of tokens per engine step that produced outputs: counts per upper bound (+Inf last).
-    iteration_tokens_counts: list[int]
-    iteration_tokens_sum: float
-    iteration_tokens_count: int
 
 
 ToProcessor = PrepareRequest | EngineOutputs | ForgetRequest | TokenizeJob | MetricsJob | EngineBuilt

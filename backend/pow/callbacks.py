@@ -39,6 +39,7 @@ from backend.pow import outbox
 from backend.pow.outbox import JOB, STREAM, OutboxRow
 from backend.pow.results import MinedBody
 from backend.pow.store import Store, StoreError
+from protocol.common import CallbackStats
 
 log = structlog.get_logger(__name__)
 
@@ -127,6 +128,11 @@ class CallbackSender:
     def enqueue(self, url: str, path: str, body: msgspec.Struct) -> None:
         """One per-job callback to `{url}/{path}`; never blocks. The sender owns `body` from now on."""
         self._add(url, path, JOB, body)
+
+    def stats(self) -> CallbackStats:
+        """The sender's counters (its thread writes them; a reader sees each one whole)."""
+        return CallbackStats(num_delivered=self.num_delivered, num_dropped=self.num_dropped,
+                             num_retries=self.num_retries, backlog=self.backlog)
 
     def flush(self, timeout_s: float) -> tuple[int, int]:
         """Attempts every row once now, ignoring interval and backoff; waits up to `timeout_s`.

@@ -28,7 +28,7 @@ from poc.errors import PocInputError
 from poc.manager import MiningRound, RoundSpec
 from poc.nonces import check_node
 from poc.spec import ArtifactJob, PocSpec
-from protocol.common import ErrorInfo
+from protocol.common import ErrorInfo, PocStats
 from protocol.poc import Artifact, PocArtifactsReply, PocArtifactsRequest
 from protocol.pow import (
     PowGenerateRequest,
@@ -195,13 +195,9 @@ class PowService:
 
     # --- loop hooks ---
 
-    def stats(self) -> dict:
-        """PoC fields of BackendStats."""
-        cb = self.callbacks
-        return {"is_mining": self.round is not None, "num_poc_nonces": self.num_nonces,
-                "num_validations": self.num_validations, "num_queued_job_nonces": self.jobs.queued_nonces,
-                "num_callbacks_delivered": cb.num_delivered, "num_callbacks_dropped": cb.num_dropped,
-                "num_callback_retries": cb.num_retries, "callback_backlog": cb.backlog}
+    def stats(self) -> PocStats:
+        return PocStats(is_mining=self.round is not None, num_nonces=self.num_nonces,
+                        num_validations=self.num_validations, num_queued_job_nonces=self.jobs.queued_nonces)
 
     def has_pending(self) -> bool:
         """Work that feed() could turn into artifact tasks."""

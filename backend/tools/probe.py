@@ -90,8 +90,10 @@ class Probe:
 def render(address: str, stats: BackendStats | None, rtt_s: float, ready: ReadyReply | None) -> str:
     if stats is None:
         return f"{address}: no answer within the timeout"
-    lines = [f"backend {address}  instance {stats.instance_id[:12]}  rtt {rtt_s * 1000:.2f} ms  "
-             f"uptime {stats.uptime_s:.0f} s  engine {'ready' if stats.is_engine_ready else 'loading'}"]
+    link = stats.link
+    lines = [f"backend {address}  instance {link.instance_id[:12]}  rtt {rtt_s * 1000:.2f} ms  "
+             f"uptime {link.uptime_s:.0f} s  engine {'ready' if link.is_engine_ready else 'loading'}  "
+             f"heartbeat age {link.engine_heartbeat_age_s:.2f} s"]
     if ready is not None and ready.refusal:
         lines.append(f"  handshake REFUSED: {ready.refusal}")
     elif ready is not None and ready.fingerprint is not None:
@@ -100,13 +102,18 @@ def render(address: str, stats: BackendStats | None, rtt_s: float, ready: ReadyR
                      f"{fp.engine_device}  dtype {fp.dtype}  max_model_len {fp.max_model_len}  "
                      f"block {fp.block_size}  protocol {fp.protocol_version}  poc {fp.poc_code_version}  "
                      f"mode {fp.scheduling_mode}")
-    lines.append(f"  requests running {stats.num_running}  waiting {stats.num_waiting}  "
-                 f"finished {stats.num_finished_requests}  aborted {stats.num_aborted_requests}  "
-                 f"kv {stats.kv_cache_usage * 100:.1f}%")
-    lines.append(f"  engine steps {stats.num_engine_steps}  prompt tokens {stats.num_prompt_tokens}  "
-                 f"generated {stats.num_generation_tokens}  heartbeat age {stats.engine_heartbeat_age_s:.2f} s")
-    lines.append(f"  frontends {stats.num_frontends}  inbox {stats.inbox_depth}  outbox {stats.outbox_depth}  "
-                 f"rejected frames {stats.num_rejected_frames}")
+    if (engine := stats.engine) is not None:
+        lines.append(f"  requests running {engine.num_running}  waiting {engine.num_waiting}  "
+                     f"aborted {engine.num_aborted_requests}  kv {engine.kv_cache_usage * 100:.1f}%  "
+                     f"engine steps {engine.num_engine_steps}  inbox {engine.inbox_depth}")
+    if (chat := stats.chat) is not None:
+        lines.append(f"  chat finished {chat.num_finished_requests}  prompt tokens {chat.num_prompt_tokens}  "
+                     f"generated {chat.num_generation_tokens}")
+    if (poc := stats.poc) is not None:
+        lines.append(f"  poc {'mining' if poc.is_mining else 'idle'}  nonces {poc.num_nonces}  "
+                     f"validations {poc.num_validations}  queued job nonces {poc.num_queued_job_nonces}")
+    lines.append(f"  frontends {link.num_frontends}  outbox {link.outbox_depth}  "
+                 f"rejected frames {link.num_rejected_frames}  curve refusals {link.num_curve_refusals}")
     return "\n".join(lines)
 
 
@@ -119,12 +126,12 @@ def main(argv: list[str] | None = None) -> None:
     probe = Probe(args.address, args.timeout_s, (keys, server_key) if keys is not None and server_key else None)
     if args.once:
         stats, rtt = probe.ping()
-        ok = stats is not None and stats.is_engine_ready
+        ok = stats is not None and stats.link.is_engine_ready
         print("ready" if ok else ("loading" if stats else "unreachable"), f"rtt_ms={rtt * 1000:.2f}")
         sys.exit(0 if ok else 1)
     while True:
         stats, rtt = probe.ping()
-        ready = probe.hello() if stats is not None and stats.is_engine_ready else None
+        ready = probe.hello() if stats is not None and stats.link.is_engine_ready else None
         if args.watch:
             print("\033[2J\033[H", end="")
         print(render(args.address, stats, rtt, ready), flush=True)

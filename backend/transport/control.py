@@ -1,8 +1,9 @@
 """Connection-level answers given by the io thread itself: handshake and liveness.
 
 Pings are answered here, not by the engine thread, so a long engine step or PoC batch never looks like a dead
-backend. The engine thread publishes an immutable stats snapshot after its steps; pongs carry the latest one
-plus how old it is, which is how a hung engine shows (and a dead one sends DeadEvent and exits).
+backend. The engine thread publishes its immutable parts of the stats after its steps; pongs carry the latest ones,
+the processor's last report and this thread's own part, with how old the engine's is, which is how a hung engine
+shows (and a dead one sends DeadEvent and exits).
 The registry of frontends (identity → frontend id) lives here too: Hello adds, `forget` drops a silent one.
 """
 
@@ -11,13 +12,10 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
-import msgspec
 import structlog
 
-from backend.iterations import ITERATION_TOKEN_BOUNDS
-from protocol.common import BackendStats, Fingerprint
+from protocol.common import BackendStats, CallbackStats, EngineStats, Fingerprint, LinkStats, PocStats, ProcessorStats
 from protocol.control import HelloRequest, PingRequest, PongReply, ReadyReply
-from protocol.processor import ProcessorStats
 from protocol.version import PROTOCOL_VERSION
 
 log = structlog.get_logger(__name__)
@@ -32,16 +30,17 @@ class ControlPlane:
         self.started = time.monotonic()
         # Set by the main thread once the engine is built; Hello is answered only from then on.
         self.fingerprint: Fingerprint | None = None
-        # Replaced (never mutated) by the engine thread.
-        self.snapshot: BackendStats | None = None
+        # Replaced whole (never mutated) by the engine thread: its part, the PoC service's and the callback
+        # sender's, as one tuple so that a pong never mixes two publishes.
+        self.snapshot: tuple[EngineStats, PocStats, CallbackStats] | None = None
         # Replaced (never mutated) by the io thread: what the processor process counted of chat.
         self.chat_stats: ProcessorStats | None = None
         self.snapshot_at = time.monotonic()
         self.frontends: dict[bytes, str] = {}
         self._lost: OrderedDict[bytes, str] = OrderedDict()
 
-    def publish(self, stats: BackendStats) -> None:
-        self.snapshot, self.snapshot_at = stats, time.monotonic()
+    def publish(self, engine: EngineStats, poc: PocStats, callbacks: CallbackStats) -> None:
+        self.snapshot, self.snapshot_at = (engine, poc, callbacks), time.monotonic()
 
     def on_hello(self, identity: bytes, msg: HelloRequest) -> ReadyReply | None:
         if msg.protocol_version != PROTOCOL_VERSION:
@@ -72,28 +71,10 @@ class ControlPlane:
             self.frontends[identity] = frontend_id
             log.info("frontend_returned", frontend_id=frontend_id)
         now = time.monotonic()
-        base = self.snapshot or BackendStats(
-            instance_id=self.instance_id, uptime_s=0.0, num_frontends=0, num_running=0, num_waiting=0,
-            kv_cache_usage=0.0, num_engine_steps=0, num_prompt_tokens=0, num_generation_tokens=0,
-            num_finished_requests=0, num_aborted_requests=0, num_rejected_frames=0)
-        stats = msgspec.structs.replace(
-            base, instance_id=self.instance_id, uptime_s=now - self.started, num_frontends=len(self.frontends),
-            num_rejected_frames=num_rejected_frames, outbox_depth=outbox_depth,
-            num_curve_refusals=num_curve_refusals,
-            is_engine_ready=self.fingerprint is not None, engine_heartbeat_age_s=now - self.snapshot_at,
-            **_chat_fields(self.chat_stats, base))
+        link = LinkStats(instance_id=self.instance_id, uptime_s=now - self.started, num_frontends=len(self.frontends),
+                         num_rejected_frames=num_rejected_frames, outbox_depth=outbox_depth,
+                         num_curve_refusals=num_curve_refusals, is_engine_ready=self.fingerprint is not None,
+                         engine_heartbeat_age_s=now - self.snapshot_at)
+        engine, poc, callbacks = self.snapshot or (None, None, None)
+        stats = BackendStats(link=link, engine=engine, poc=poc, callbacks=callbacks, chat=self.chat_stats)
         return PongReply(ping_id=msg.ping_id, stats=stats)
-
-
-def _chat_fields(chat: ProcessorStats | None, base: BackendStats) -> dict:
-    """The processor's chat counters, and its per-step token histogram added to the engine's (PoC batches)."""
-    if chat is None:
-        return {}
-    counts = list(chat.iteration_tokens_counts)
-    for i, n in enumerate(base.iteration_tokens_counts[:len(counts)]):
-        counts[i] += n
-    return {"iteration_tokens_bounds": [float(b) for b in ITERATION_TOKEN_BOUNDS],
-            "num_prompt_tokens": chat.num_prompt_tokens, "num_generation_tokens": chat.num_generation_tokens,
-            "num_finished_requests": chat.num_finished_requests, "iteration_tokens_counts": counts,
-            "iteration_tokens_sum": chat.iteration_tokens_sum + base.iteration_tokens_sum,
-            "iteration_tokens_count": chat.iteration_tokens_count + base.iteration_tokens_count}

@@ -175,8 +175,8 @@ def test_backend_socket_rejects_bad_frames_and_keeps_serving(harness):
     h.send_msg(PingRequest(ping_id=99))
     pong = h.recv()
     assert isinstance(pong, PongReply) and pong.ping_id == 99
-    assert pong.stats.num_rejected_frames == num_sent == h.server.num_rejected_frames
-    assert pong.stats.instance_id == "inst-test"
+    assert pong.stats.link.num_rejected_frames == num_sent == h.server.num_rejected_frames
+    assert pong.stats.link.instance_id == "inst-test"
     assert h.inbox.empty(), "a rejected frame reached the engine thread"
 
     h.send_msg(_generate("good"))
@@ -196,7 +196,7 @@ def test_backend_socket_ping_answered_while_engine_loads(harness):
     harness.send_msg(PingRequest(ping_id=5))
     pong = harness.recv()
     assert isinstance(pong, PongReply) and pong.ping_id == 5
-    assert not pong.stats.is_engine_ready and pong.stats.num_rejected_frames == 0
+    assert not pong.stats.link.is_engine_ready and pong.stats.link.num_rejected_frames == 0
     assert harness.inbox.empty()
 
 
@@ -218,7 +218,7 @@ def test_backend_socket_hello_gets_fingerprint(harness):
     assert harness.control.frontends == {DEALER_ID: "fe-1"}
     harness.send_msg(PingRequest(ping_id=1))
     pong = harness.recv()
-    assert pong.stats.is_engine_ready and pong.stats.num_frontends == 1
+    assert pong.stats.link.is_engine_ready and pong.stats.link.num_frontends == 1
 
 
 def test_backend_socket_hello_unanswered_without_fingerprint(harness):
@@ -266,7 +266,7 @@ def test_backend_socket_silent_peer_forgotten_then_back_on_its_next_ping(harness
 
     harness.send_msg(PingRequest(ping_id=1))  # a partition healed: it only pings, no new Hello
     pong = harness.recv()
-    assert isinstance(pong, PongReply) and pong.stats.num_frontends == 1
+    assert isinstance(pong, PongReply) and pong.stats.link.num_frontends == 1
     assert harness.control.frontends == {DEALER_ID: "fe-1"} and DEALER_ID in harness.server.peers
 
 

@@ -112,9 +112,9 @@ def test_frontend_kill_aborts_its_requests_and_frees_engine(backend, tmp_path):
     window_start, window_started_at = engine_stats(raw), time.monotonic()
     time.sleep(RATE_WINDOW_S)
     at_kill = engine_stats(raw)
-    rate = (at_kill.num_generation_tokens - window_start.num_generation_tokens) / (
+    rate = (at_kill.chat.num_generation_tokens - window_start.chat.num_generation_tokens) / (
         time.monotonic() - window_started_at)
-    tokens_left = NUM_STREAMS * MAX_TOKENS - (at_kill.num_generation_tokens - before.num_generation_tokens)
+    tokens_left = NUM_STREAMS * MAX_TOKENS - (at_kill.chat.num_generation_tokens - before.chat.num_generation_tokens)
     frontend.kill()  # SIGKILL: no abort message, no socket close handshake, nothing flushed
     killed_at = time.monotonic()
     for t in readers:
@@ -122,17 +122,17 @@ def test_frontend_kill_aborts_its_requests_and_frees_engine(backend, tmp_path):
 
     deadline = killed_at + ABORT_WITHIN_S
     stats = engine_stats(raw)
-    while (stats.num_running or stats.num_waiting) and time.monotonic() < deadline:
+    while (stats.engine.num_running or stats.engine.num_waiting) and time.monotonic() < deadline:
         time.sleep(0.1)
         stats = engine_stats(raw)
     idle_after_s = time.monotonic() - killed_at
     time.sleep(0.5)  # the processor's chat counters reach the pong within a quarter second
-    generated_after_kill = engine_stats(raw).num_generation_tokens - at_kill.num_generation_tokens
+    generated_after_kill = engine_stats(raw).chat.num_generation_tokens - at_kill.chat.num_generation_tokens
     seconds_after_kill = generated_after_kill / rate
     figures = (f"idle after {idle_after_s:.1f} s; {generated_after_kill} of the {tokens_left} tokens left were "
                f"generated after the kill, {seconds_after_kill:.2f} s at the {rate:.0f} tokens/s measured before it; "
-               f"running={stats.num_running} waiting={stats.num_waiting}, "
-               f"aborted +{stats.num_aborted_requests - before.num_aborted_requests}")
+               f"running={stats.engine.num_running} waiting={stats.engine.num_waiting}, "
+               f"aborted +{stats.engine.num_aborted_requests - before.engine.num_aborted_requests}")
 
     # A new frontend on the same backend serves a chat normally (checked first: it holds today as well).
     port2 = free_port()
@@ -147,8 +147,8 @@ def test_frontend_kill_aborts_its_requests_and_frees_engine(backend, tmp_path):
     finally:
         second.stop()
 
-    assert stats.num_running == 0 and stats.num_waiting == 0, f"engine still busy: {figures}"
+    assert stats.engine.num_running == 0 and stats.engine.num_waiting == 0, f"engine still busy: {figures}"
     # Every stream ended by an abort: none ran to max_tokens.
-    assert stats.num_aborted_requests - before.num_aborted_requests == NUM_STREAMS, figures
+    assert stats.engine.num_aborted_requests - before.engine.num_aborted_requests == NUM_STREAMS, figures
     assert seconds_after_kill <= MAX_SECONDS_AFTER_KILL, f"aborted too late: {figures}"
     print(f"\nfrontend SIGKILL ({FRONTEND_TIMEOUT_S:g} s timeout): {figures}")

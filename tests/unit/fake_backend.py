@@ -12,7 +12,7 @@ import zmq.asyncio
 
 from frontend.backend_client import BackendClient
 from protocol.codec import backend_codec
-from protocol.common import BackendStats, Fingerprint
+from protocol.common import BackendStats, Fingerprint, LinkStats
 from protocol.control import HelloRequest, PingRequest, PongReply, ReadyReply
 from protocol.generate import Delta, GenerateRequest, SamplingSpec
 from protocol.version import PROTOCOL_VERSION
@@ -29,10 +29,9 @@ def fingerprint() -> Fingerprint:
 
 
 def stats(instance_id: str) -> BackendStats:
-    return BackendStats(
-        instance_id=instance_id, uptime_s=1.0, num_frontends=1, num_running=0, num_waiting=0, kv_cache_usage=0.0,
-        num_engine_steps=0, num_prompt_tokens=0, num_generation_tokens=0, num_finished_requests=0,
-        num_aborted_requests=0, num_rejected_frames=0, is_engine_ready=True)
+    return BackendStats(link=LinkStats(
+        instance_id=instance_id, uptime_s=1.0, num_frontends=1, num_rejected_frames=0, outbox_depth=0,
+        num_curve_refusals=0, is_engine_ready=True, engine_heartbeat_age_s=0.0))
 
 
 class FakeBackend:

@@ -30,7 +30,7 @@ from tests.unit.fake_backend import (
 async def test_backend_client_handshake_makes_it_alive(client, backend):
     assert client.is_alive and not client.is_breaker_open
     assert client.fingerprint == fingerprint()
-    assert client.stats is not None and client.stats.instance_id == "inst-1"
+    assert client.stats is not None and client.stats.link.instance_id == "inst-1"
     assert backend.num_hellos == 1
 
 
@@ -105,7 +105,7 @@ async def test_backend_client_new_instance_fails_requests_and_rehandshakes(clien
     with pytest.raises(BackendUnavailable, match="restarted"):
         await asyncio.wait_for(task, WAIT_S)
     await wait_until(lambda: backend.num_hellos == 2 and client.is_alive, what="second handshake")
-    assert client.stats.instance_id == "inst-2"
+    assert client.stats.link.instance_id == "inst-2"
     req2, task2 = await start_stream(client, backend)
     await backend.send(DeltasEvent(deltas=[delta(req2.rid, "ok", "stop")]))
     assert [d.text for d in await asyncio.wait_for(task2, WAIT_S)] == ["ok"]

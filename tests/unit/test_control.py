@@ -25,7 +25,7 @@ def _hello(c: ControlPlane, identity: bytes, name: str) -> None:
 
 
 def _num_frontends(c: ControlPlane, identity: bytes) -> int:
-    return c.on_ping(identity, PingRequest(ping_id=1), num_rejected_frames=0, outbox_depth=0).stats.num_frontends
+    return c.on_ping(identity, PingRequest(ping_id=1), num_rejected_frames=0, outbox_depth=0).stats.link.num_frontends
 
 
 def test_control_forget_drops_frontend_and_returns_its_id():

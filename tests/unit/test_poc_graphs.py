@@ -65,7 +65,7 @@ def test_a_shape_runs_eager_for_its_warm_up_then_from_its_graph():
     first = _launch(g)
     assert first is not None and first.is_queued and first.advance(0.0)
     second = _launch(g)
-    assert g.captures == 1 and g.num_captured == 1
+    assert g.captures == 1 and len(g._captured) == 1
     assert second is not None and second.last_hidden is first.last_hidden  # the graph's own output buffer
     assert g._captured[("beside", B, L)].graph.replays == 2  # the capture replayed once, then each launch
 
@@ -83,7 +83,7 @@ def test_shapes_beyond_max_graphs_stay_eager():
     for n in range(MAX_GRAPHS + 2):
         for _ in range(WARMUP_FORWARDS + 2):
             _launch(g, ("alone", B, n + 1))
-    assert g.num_captured == MAX_GRAPHS
+    assert len(g._captured) == MAX_GRAPHS
     assert _launch(g, ("alone", B, MAX_GRAPHS + 1)) is None
 
 

@@ -29,7 +29,16 @@ from backend.transport.peers import FrontendLost
 from backend.transport.server import SocketServer
 from frontend.backend_client import BackendClient
 from protocol.codec import ToBackend, ToFrontend, backend_codec, frontend_codec
-from protocol.common import BackendStats, ErrorInfo, Fingerprint
+from protocol.common import (
+    BackendStats,
+    CallbackStats,
+    EngineStats,
+    ErrorInfo,
+    Fingerprint,
+    LinkStats,
+    PocStats,
+    TokenHistogram,
+)
 from protocol.control import (
     DeadEvent,
     ErrorReply,
@@ -110,18 +119,21 @@ def _fingerprint() -> Fingerprint:
         protocol_version=PROTOCOL_VERSION, served_model_name="tiny", model_path="/models/tiny-qwen3",
         max_model_len=2048, block_size=16, dtype="bfloat16", vllm_version="0.26.0", engine_device="cuda",
         poc_code_version="poc-v2", scheduling_mode="shared", python_hash_seed="0",
-        prefix_caching_hash_algo="sha256", poc_seq_len=256, poc_k_dim=12, model_aliases=["alias-a", "alias-b"])
+        prefix_caching_hash_algo="sha256", model_aliases=["alias-a", "alias-b"])
 
 
 def _stats() -> BackendStats:
     return BackendStats(
-        instance_id="inst-1", uptime_s=12.5, num_frontends=2, num_running=3, num_waiting=4, kv_cache_usage=0.25,
-        num_engine_steps=100, num_prompt_tokens=1000, num_generation_tokens=2000, num_finished_requests=10,
-        num_aborted_requests=1, num_rejected_frames=5, iteration_tokens_bounds=[1.0, 8.0, 64.0],
-        iteration_tokens_counts=[3, 2, 1], iteration_tokens_sum=150.5, iteration_tokens_count=6, inbox_depth=7,
-        outbox_depth=8, is_engine_ready=True, engine_heartbeat_age_s=0.5, is_mining=True, num_poc_nonces=64,
-        num_validations=2, num_queued_job_nonces=8, num_callbacks_delivered=3, num_callbacks_dropped=1,
-        num_callback_retries=4, callback_backlog=2, num_curve_refusals=6)
+        link=LinkStats(instance_id="inst-1", uptime_s=12.5, num_frontends=2, num_rejected_frames=5, outbox_depth=8,
+                       num_curve_refusals=6, is_engine_ready=True, engine_heartbeat_age_s=0.5),
+        engine=EngineStats(num_running=3, num_waiting=4, kv_cache_usage=0.25, num_engine_steps=100,
+                           num_aborted_requests=1, inbox_depth=7,
+                           poc_iteration_tokens=TokenHistogram(bounds=[1.0, 8.0, 64.0], counts=[3, 2, 1, 0],
+                                                               sum=150.5, count=6)),
+        poc=PocStats(is_mining=True, num_nonces=64, num_validations=2, num_queued_job_nonces=8),
+        callbacks=CallbackStats(num_delivered=3, num_dropped=1, num_retries=4, backlog=2),
+        chat=ProcessorStats(num_prompt_tokens=1000, num_generation_tokens=2000, num_finished_requests=10,
+                            iteration_tokens_counts=[1, 2, 3, 4], iteration_tokens_sum=99.5, iteration_tokens_count=10))
 
 
 def _sampling() -> SamplingSpec:

@@ -106,10 +106,6 @@ class PocGraphs:
         self._pool: Any = None
         self.off_reason: str | None = None
 
-    @property
-    def num_captured(self) -> int:
-        return len(self._captured)
-
     def launch(self, key: tuple, worker, block_ids: list[int], fill_inputs, vectors: torch.Tensor,
                reflect) -> GraphedForward | None:
         """Queues the forward of `key` on the current stream from its graph, capturing it first if this shape has
