@@ -43,6 +43,14 @@ class FrontendSettings:
                                         "how long a /api/v1/pow/generate wait=true request may take before 503")
     max_body_bytes: int = setting("POCSERVE_MAX_BODY_BYTES", 32 * 1024 * 1024,
                                   "largest HTTP request body accepted (larger: 413)")
+    # Slow and idle clients (frontend/connections.py).
+    header_timeout_s: float = setting("POCSERVE_HEADER_TIMEOUT_S", 15.0,
+                                      "close a connection that has waited this long for a complete request header")
+    body_timeout_s: float = setting("POCSERVE_BODY_TIMEOUT_S", 30.0,
+                                    "close a connection whose request body has not grown for this long")
+    max_connections: int = setting("POCSERVE_MAX_CONNECTIONS", 0,
+                                   "open HTTP connections at most (0: the file descriptor limit less 128); past it "
+                                   "the connection longest idle is closed, or the new one answered 503")
     log_format: str = log_format_setting()
     log_level: str = log_level_setting()
 
@@ -56,11 +64,14 @@ def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] 
         s = replace(s, frontend_id=f"{socket.gethostname()}-{os.getpid()}")
     check_client_keys(s.curve_client_secret_key_file, s.curve_server_public_key_file, s.backend_address,
                       option(FrontendSettings, "backend_address").names)
-    for name in ("ping_interval_s", "backend_timeout_s", "backend_wait_s", "pow_wait_timeout_s"):
+    for name in ("ping_interval_s", "backend_timeout_s", "backend_wait_s", "pow_wait_timeout_s", "header_timeout_s",
+                 "body_timeout_s"):
         if getattr(s, name) <= 0:
             raise SettingsError(f"--{name.replace('_', '-')} must be positive")
     if s.max_body_bytes < 1024:
         raise SettingsError("--max-body-bytes must be at least 1024")
+    if s.max_connections < 0:
+        raise SettingsError("--max-connections must be 0 (automatic) or positive")
     if s.breaker_misses < 1:
         raise SettingsError("--breaker-misses must be at least 1")
     return s
