@@ -108,7 +108,7 @@ class ConnectionGuard:
 def guarded_protocol(base: type, guard: ConnectionGuard) -> type:
     """uvicorn's HTTP protocol class `base` (httptools' or h11's), with the guard's bookkeeping."""
 
-    class Guarded(base):  # type: ignore[misc, valid-type]
+    class Guarded(base):
         guard_since = 0.0  # when it began to wait for a request
         guard_data_at = 0.0  # when data last came in
 
@@ -162,8 +162,11 @@ def guarded_protocol(base: type, guard: ConnectionGuard) -> type:
 
 def http_protocol(guard: ConnectionGuard) -> type:
     """The protocol class uvicorn would pick ("auto": httptools when installed, else h11), guarded."""
+    base: type
     try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+        base = HttpToolsProtocol
     except ImportError:  # httptools is optional
-        from uvicorn.protocols.http.h11_impl import H11Protocol as base
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+        base = H11Protocol
     return guarded_protocol(base, guard)

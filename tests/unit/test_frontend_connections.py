@@ -15,8 +15,9 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from frontend.connections import ConnectionGuard, http_protocol
+from frontend.connections import ConnectionGuard, guarded_protocol, http_protocol
 from tests.stack import free_port
 
 TIMEOUT_S = 0.5
@@ -49,11 +50,12 @@ def make_app() -> FastAPI:
 
 
 @contextmanager
-def serving(max_connections: int = 100) -> Iterator[tuple[int, ConnectionGuard]]:
+def serving(max_connections: int = 100, base: type | None = None) -> Iterator[tuple[int, ConnectionGuard]]:
     guard = ConnectionGuard(max_connections, TIMEOUT_S, TIMEOUT_S)
     port = free_port()
+    protocol = http_protocol(guard) if base is None else guarded_protocol(base, guard)
     server = uvicorn.Server(uvicorn.Config(make_app(), host="127.0.0.1", port=port, log_config=None,
-                                           lifespan="off", http=http_protocol(guard)))
+                                           lifespan="off", http=protocol))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + DEADLINE_S
@@ -86,9 +88,10 @@ def get(port: int, path: str) -> bytes:
         return read_all(s)
 
 
+@pytest.mark.parametrize("base", [None, H11Protocol], ids=["auto", "h11"])
 @pytest.mark.parametrize("sent", [b"", b"GET /health HTTP/1.1\r\nhost: x\r\n"], ids=["nothing", "half a header"])
-def test_a_connection_without_a_complete_request_is_closed(sent):
-    with serving() as (port, guard), connect(port) as s:
+def test_a_connection_without_a_complete_request_is_closed(sent, base):
+    with serving(base=base) as (port, guard), connect(port) as s:
         s.sendall(sent)
         assert read_all(s) == b""  # closed, no answer
         assert guard.num_header_timeouts == 1 and not guard.open
@@ -103,8 +106,9 @@ def test_a_keep_alive_connection_that_sends_half_a_header_after_a_request_is_clo
         assert guard.num_header_timeouts == 1
 
 
-def test_a_stalled_body_is_closed():
-    with serving() as (port, guard), connect(port) as s:
+@pytest.mark.parametrize("base", [None, H11Protocol], ids=["auto", "h11"])
+def test_a_stalled_body_is_closed(base):
+    with serving(base=base) as (port, guard), connect(port) as s:
         s.sendall(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{")
         read_all(s)
         assert guard.num_body_timeouts == 1 and not guard.open
