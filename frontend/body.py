@@ -10,8 +10,9 @@ model (bounded by those counts) or the first error (without its input). FastAPI 
 (pydantic does not validate an instance of the model again). Smaller bodies take FastAPI's own path, inline:
 64 KiB parse and validate in about a millisecond.
 
-One worker bounds the CPU that parsing can take to one core; big bodies wait for each other there, small ones
-never do. A worker that dies is replaced, and the request it had is answered 503.
+One worker, at a lower priority (nice 10), bounds the CPU that parsing can take to one core, and yields it to the
+processes that serve streams; big bodies wait for each other there, small ones never do. A worker that dies is
+replaced, and the request it had is answered 503.
 """
 
 from __future__ import annotations
@@ -73,8 +74,16 @@ def parse(model: type[BaseModel], body: bytes, max_model_len: int | None, counte
         return "error", {**first, "loc": ("body", *first["loc"]), "ctx": ctx}
 
 
-def _warm() -> None:
-    """Run once at start, so that the worker has imported the models before the first big body."""
+# The worker's nice value: on a machine of few cores, parsing a hostile body yields the CPU to the processes
+# that serve streams (the engine, the processor, this frontend's loop).
+WORKER_NICE = 10
+
+
+def _init_worker() -> None:
+    """In the worker, once: a lower priority, and the models imported before the first big body."""
+    import os
+
+    os.nice(WORKER_NICE)
     import frontend.openai_models  # noqa: F401
 
 
@@ -86,8 +95,9 @@ class BodyWorker:
 
     def start(self) -> None:
         # spawn: a fork of a process with a running event loop and ZMQ sockets is not safe.
-        self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-        self._pool.submit(_warm)
+        self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                         initializer=_init_worker)
+        self._pool.submit(int)  # starts the worker now rather than at the first big body
 
     def close(self) -> None:
         if self._pool is not None:
