@@ -16,7 +16,7 @@ TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
 class _Strict(BaseModel):
     # Unknown fields are a client mistake: 400 naming the field, never silently ignored.
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # no coercion: "1" is not an integer, 0 not a boolean
 
 
 class ContentPart(_Strict):
@@ -159,7 +159,8 @@ class ChatCompletionRequest(_Sampling):
     response_format: ResponseFormat | None = None
     enforced_tokens: EnforcedTokens | None = None
     enforced_str: Text | None = None
-    tools: list[ToolParam] | None = None
+    # The schema says what the validator below refuses (an empty array), as OpenAI's API does.
+    tools: list[ToolParam] | None = Field(None, json_schema_extra={"minItems": 1})
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
 
@@ -186,8 +187,12 @@ class ChatCompletionRequest(_Sampling):
         return v
 
 
+# A completion prompt that is not empty (the backend refuses a prompt of no tokens), alone or in a list of one.
+_Prompt = Annotated[Text, Field(min_length=1)]
+
+
 class CompletionRequest(_Sampling):
-    prompt: Text | list[Text]
+    prompt: _Prompt | Annotated[list[_Prompt], Field(min_length=1, max_length=1)]
     max_tokens: int | None = Field(16, ge=1, le=INT64_MAX)
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: Literal[False] = False

@@ -52,10 +52,73 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {s: {"model": ErrorBody, "description": _WHEN.get(s, HTTPStatus(s).phrase)} for s in statuses}
 
 
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def _exact_bounds(fast: Any, exact: Any, components: dict, defs: dict, seen: set[str]) -> None:
+    """Puts pydantic's integer bounds back where FastAPI's OpenAPI model made floats of them (its `maximum` is a
+    float: 2^63 - 1 became 9.223372036854776e18, which is 2^63, a value the server refuses). Walks FastAPI's schema
+    beside pydantic's own, following each side's $refs (the two name shared models differently)."""
+    if isinstance(fast, list) and isinstance(exact, list):
+        for f, e in zip(fast, exact, strict=False):
+            _exact_bounds(f, e, components, defs, seen)
+        return
+    if not (isinstance(fast, dict) and isinstance(exact, dict)):
+        return
+    if "$ref" in fast and "$ref" in exact:
+        name = fast["$ref"].rsplit("/", 1)[-1]
+        if name not in seen:
+            seen.add(name)
+            _exact_bounds(components.get(name), defs.get(exact["$ref"].rsplit("/", 1)[-1]), components, defs, seen)
+        return
+    for key in _BOUNDS:
+        value = exact.get(key)
+        if key in fast and isinstance(value, int) and not isinstance(value, bool):
+            fast[key] = value
+    for key, value in fast.items():
+        if key in exact:
+            _exact_bounds(value, exact[key], components, defs, seen)
+
+
+def _small_integer_bounds(node: Any) -> None:
+    """The rest (bounds outside the body models, such as an SSE event's `retry`): below 2^53 a float made of an
+    integer is exact, so it is turned back."""
+    if isinstance(node, list):
+        for item in node:
+            _small_integer_bounds(item)
+    elif isinstance(node, dict):
+        if node.get("type") == "integer":
+            for key in _BOUNDS:
+                value = node.get(key)
+                if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+                    node[key] = int(value)
+        for value in node.values():
+            _small_integer_bounds(value)
+
+
+def _restore_integer_bounds(app: FastAPI, schema: dict) -> None:
+    _small_integer_bounds(schema)
+    components = schema.get("components", {}).get("schemas", {})
+    for route in app.routes:
+        body = getattr(route, "body_field", None)
+        model = body.field_info.annotation if body is not None else None
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            continue
+        exact = model.model_json_schema(ref_template="#/$defs/{model}")
+        name = model.__name__
+        refs = [op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
+                for op in schema["paths"].get(route.path, {}).values()]  # type: ignore[attr-defined]
+        for ref in refs:
+            if "$ref" in ref:
+                name = ref["$ref"].rsplit("/", 1)[-1]
+                _exact_bounds(components.get(name), exact, components, exact.get("$defs", {}), {name})
+
+
 def install_openapi(app: FastAPI) -> None:
     def openapi() -> dict:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            _restore_integer_bounds(app, schema)
             for path in schema.get("paths", {}).values():
                 for operation in path.values():
                     operation.get("responses", {}).pop("422", None)

@@ -33,7 +33,7 @@ Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 
 class PoCParamsModel(BaseModel):
     # Extra keys are forbidden (the fork's behaviour): 400 naming the key, e.g. `params.poc_stronger_rng`.
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # no coercion: "1" is not an integer, 0 not a boolean
 
     model: Text
     seq_len: Count
@@ -46,7 +46,7 @@ class PoCParamsModel(BaseModel):
 class _NodeBody(BaseModel):
     """Fields shared by /init/generate and /generate; unknown top-level keys are ignored, as in the fork."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     block_hash: Text
     # Only echoed (in /status and callbacks).
@@ -68,8 +68,12 @@ class _NodeBody(BaseModel):
         if url is None:
             return None
         parts = urlsplit(url)
-        if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
+        if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
             raise ValueError("must be an http:// or https:// URL")
+        try:
+            parts.port  # noqa: B018  (parsed on access: a port past 65535, or not a number, raises)
+        except ValueError as e:
+            raise ValueError(f"must be an http:// or https:// URL with a valid port: {e}") from None
         return url
 
     def node(self) -> NodeIdentity:
@@ -92,11 +96,15 @@ class InitGenerateRequest(_NodeBody):
 
 
 class ArtifactModel(BaseModel):
+    model_config = ConfigDict(strict=True)  # types as the schema says: "1" is not a nonce (docs/decisions.md)
+
     nonce: Int64
     vector_b64: Text
 
 
 class ValidationModel(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     artifacts: list[ArtifactModel]
 
 
@@ -106,6 +114,8 @@ class StatTestModel(BaseModel):
     The network client sends `p_value_threshold` where the fork read `fraud_threshold` (and silently ignored
     the other name): both are accepted here and mean the same threshold.
     """
+
+    model_config = ConfigDict(strict=True)
 
     dist_threshold: Threshold | None = None
     p_mismatch: Probability | None = None

@@ -31,11 +31,11 @@ JsonObject = Annotated[dict[str, Any], AfterValidator(_encodable)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # no coercion: "1" is not an integer, 0 not a boolean
 
 
 class _Item(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 def _kind(default: str):

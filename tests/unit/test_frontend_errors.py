@@ -141,3 +141,40 @@ async def test_unknown_model_is_404_naming_the_model():
     r = await request(make_app(), "POST", path, json={**body, "model": "other"})
     assert r.status_code == 404
     assert (r.json()["error"]["type"], r.json()["error"]["param"]) == ("NotFoundError", "model")
+
+
+# --- types as the schema says them: no coercion ---
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/chat/completions", {**CHAT[1], "max_tokens": "5"}, "max_tokens"),
+    ("/v1/chat/completions", {**CHAT[1], "stream": 1}, "stream"),
+    ("/v1/chat/completions", {**CHAT[1], "stop_token_ids": [False, True]}, "stop_token_ids.0"),
+    ("/v1/chat/completions", {**CHAT[1], "tools": [{"type": "function", "function": {"name": "f", "strict": 0}}]},
+     "tools.0.function.strict"),
+    ("/detokenize", {"model": "tiny", "tokens": [False, True]}, "tokens.0"),
+    ("/api/v1/pow/generate", {"block_hash": "h", "block_height": 1, "public_key": "k", "node_id": 0,
+                              "node_count": 1, "nonces": ["1"], "params": {"model": "tiny", "seq_len": 8}},
+     "nonces.0"),
+])
+async def test_values_of_another_type_are_refused_not_coerced(path, body, param):
+    """pydantic's lax mode took "5" for 5, false for 0 and 0 for false, where the schema says integer or boolean."""
+    r = await request(make_app(), "POST", path, json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", {"model": "tiny", "prompt": ""}, "prompt"),
+    ("/v1/completions", {"model": "tiny", "prompt": []}, "prompt"),
+    ("/v1/chat/completions", {**CHAT[1], "tools": []}, "tools"),
+])
+async def test_what_the_schema_bounds_is_refused_by_the_frontend(path, body, param):
+    """The schema says minLength/minItems 1 for these (tests/unit/test_frontend_openapi.py reads it); the frontend
+    refuses them, naming the field, rather than the backend later."""
+    r = await request(make_app(), "POST", path, json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    schema = make_app().openapi()["components"]["schemas"]
+    model = "CompletionRequest" if path == "/v1/completions" else "ChatCompletionRequest"
+    text = str(schema[model]["properties"][param])
+    assert "'minLength': 1" in text or "'minItems': 1" in text

@@ -62,3 +62,26 @@ def test_openapi_health_and_metrics_are_not_json(schema):
     health = schema["paths"]["/health"]["get"]["responses"]
     assert not health["200"].get("content") and "application/json" in health["503"]["content"]
     assert set(schema["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
+
+
+def _integer_nodes(node, path=""):
+    if isinstance(node, list):
+        for i, item in enumerate(node):
+            yield from _integer_nodes(item, f"{path}/{i}")
+    elif isinstance(node, dict):
+        if node.get("type") == "integer":
+            yield path, node
+        for key, value in node.items():
+            yield from _integer_nodes(value, f"{path}/{key}")
+
+
+def test_integer_bounds_are_exact_integers(schema):
+    """FastAPI's OpenAPI model makes floats of bounds: 2^63 - 1 became 9.223372036854776e18, which is 2^63, a value
+    the server refuses (schemathesis sent it as valid). Every integer's bounds are integers, exact."""
+    bounds = {(path, key): node[key] for path, node in _integer_nodes(schema)
+              for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") if key in node}
+    assert bounds and all(type(v) is int for v in bounds.values()), {k: v for k, v in bounds.items()
+                                                                     if type(v) is not int}
+    chat = schema["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+    assert {"type": "integer", "maximum": 2**63 - 1, "minimum": -1} in chat["top_k"]["anyOf"]
+    assert chat["seed"]["anyOf"][0]["exclusiveMaximum"] == 2**63

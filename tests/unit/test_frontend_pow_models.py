@@ -31,6 +31,9 @@ def _loc_of_rejection(model, body: dict) -> tuple:
     ({"url": "ftp://dapi/x"}, ("url",)),
     ({"url": "dapi:9100"}, ("url",)),
     ({"url": "http://"}, ("url",)),
+    ({"url": "http://dapi:99999/x"}, ("url",)),  # a port that cannot be (it was accepted, the callback then failed)
+    ({"url": "http://dapi:port/x"}, ("url",)),
+    ({"url": "http://:9100/x"}, ("url",)),
     ({"block_height": 2**64}, ("block_height",)),
     ({"block_hash": None}, ("block_hash",)),
     # A lone UTF-16 surrogate ("\ud800" in JSON) cannot be encoded as UTF-8 for the backend (was a 500).

@@ -13,7 +13,7 @@ from vllm.v1.engine.input_processor import InputProcessor
 from backend.errors import RequestError
 from backend.processor.params import Vocab, render_prompt
 from backend.processor.parsing import ChatParsers
-from backend.processor.prepare import Preparer
+from backend.processor.prepare import Preparer, shorten
 from backend.settings import load_settings
 from protocol.generate import ChatMessage, EnforcedToken, GenerateRequest, ResponseFormat, SamplingSpec, ToolSpec
 
@@ -166,3 +166,14 @@ def test_to_engine_other_runtime_errors_are_not_client_mistakes(tokenizer):
     with pytest.raises(RuntimeError, match="engine bug"):
         _fails_in_vllm(tokenizer, _chat(), RuntimeError("engine bug"))()
 
+
+
+def test_a_long_vllm_message_is_shortened_in_the_middle():
+    """vLLM lists every offending value: 100,000 out-of-vocabulary stop_token_ids made a 1.4 MB error body."""
+    message = f"token_id(s) {list(range(151_000, 251_000))} in stop_token_ids contain out-of-vocab token ids. " \
+              f"Vocabulary size: 151936"
+    short = shorten(message)
+    assert len(short) < 1100
+    assert short.startswith("token_id(s) [151000, 151001") and short.endswith("Vocabulary size: 151936")
+    assert f"({len(message) - 900} characters left out)" in short
+    assert shorten("n must be at least 1") == "n must be at least 1"
