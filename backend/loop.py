@@ -118,7 +118,8 @@ class BackendLoop:
             has_poc_work=len(self.artifacts) > 0, is_poc_blocked=self.artifacts.is_blocked,
             poc_credit_s=self.share.credit_s, poc_cost=cost, poc_max_batch=max_batch,
             is_poc_in_flight=self.artifacts.is_in_flight, has_poc_slot=self.artifacts.has_slot,
-            chat_share=self.share.share)
+            chat_share=self.share.share, can_park_poc=self.engine.poc.parks,
+            poc_num_layers=self.engine.poc.num_own_layers)
 
     def ingest(self, block: bool, timeout_s: float = _IDLE_WAIT_S) -> None:
         try:
@@ -153,17 +154,27 @@ class BackendLoop:
                 min_forward_s = cost.seconds(min(cost.efficient_size(), max_batch)) if cost is not None else 0.0
                 self.share.after_step(time.perf_counter() - started, is_poc_waiting=len(self.artifacts) > 0,
                                       min_forward_s=min_forward_s)
-            case policy.PocBatch(limit=limit):
+            case policy.PocBatch(limit=limit, parked=parked):
                 started = time.perf_counter()
-                self.artifacts.run_batch(limit)
-                elapsed_s = time.perf_counter() - started
-                self.share.after_poc(elapsed_s, is_chat_waiting=self.chat.has_work() or self.chat.is_preparing())
-                log.debug("poc_forward", limit=limit, elapsed_ms=round(elapsed_s * 1000, 2),
-                          credit_ms=round(self.share.credit_s * 1000, 2))
+                if parked:
+                    self.artifacts.launch_batch(False, policy.PARKED_WAIT_S, limit=limit, timed=True)
+                else:
+                    self.artifacts.run_batch(limit)
+                self._after_poc(started, "poc_forward", limit=limit, parked=parked)
+            case policy.PocChunk():
+                started = time.perf_counter()
+                self.artifacts.poll_batch(wait=False, budget_s=policy.PARKED_WAIT_S, timed=True)
+                self._after_poc(started, "poc_chunk")
             case policy.Idle():
                 self.engine.poc.release()  # PoC keeps its KV blocks between forwards; no forward is coming
                 if len(self.artifacts) > 0:  # PoC waits for chat: out its linger, or for a request being prepared
                     self.ingest(block=True, timeout_s=self.linger_s() or _POLL_S)
+
+    def _after_poc(self, started: float, event: str, **fields) -> None:
+        elapsed_s = time.perf_counter() - started
+        self.share.after_poc(elapsed_s, is_chat_waiting=self.chat.has_work() or self.chat.is_preparing())
+        log.debug(event, elapsed_ms=round(elapsed_s * 1000, 2), credit_ms=round(self.share.credit_s * 1000, 2),
+                  **fields)
 
     def step_engine(self) -> None:
         self.chat.route(self.engine.step())

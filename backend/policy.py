@@ -9,6 +9,12 @@ IDLE_FORWARD_S long (a chat that arrives waits for the one in flight) unless a s
 IDLE_MAX_OVERHEAD of its time, and whole ones while chat is gated (an exclusive round); with nothing to run, the
 loop blocks on its inbox. That is `choose`, for time-slicing; where PoC forwards run beside chat steps
 (--poc-overlap) the loop asks `choose_overlapped` instead.
+
+Where the engine can park a forward between its decoder layers (one rank, time-sliced: `PocRunner.parks`), an idle
+forward is started parked (`PocBatch(parked=True)`) and run a chunk of layers at a time (`PocChunk`): a request
+that arrives meanwhile waits for one chunk, not a whole forward, and goes first; the forward goes on in the chunks
+chat's share pays for (credit), or once chat is idle. Its size is then bound per layer (PARKED_WAIT_S), which is
+what a new request waits for.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from backend.pow.cost import Cost
 # whole forward); on the CPU engine it takes seconds and is split.
 IDLE_FORWARD_S = 0.25
 IDLE_MAX_OVERHEAD = 0.05
+# A parked forward's layer chunk: the longest a request arriving while chat was idle waits for PoC.
+PARKED_WAIT_S = 0.03
 
 
 @dataclass(frozen=True)
@@ -43,13 +51,17 @@ class Snapshot:
     # What the next PoC forward costs, learned (None: none of its seq_len ran yet), and the most sequences it takes.
     poc_cost: Cost | None = None
     poc_max_batch: int = 0
-    # A PoC forward launched beside chat steps is still running (forwards overlap chat; choose_overlapped).
+    # A PoC forward launched beside chat steps is still running (forwards overlap chat; choose_overlapped), or one
+    # is parked between layers (time-sliced; choose).
     is_poc_in_flight: bool = False
     # Another forward may be launched behind those in flight (a slot free, the newest wholly queued, a batch none
     # of them holds).
     has_poc_slot: bool = False
     # Chat's share setting (choose_overlapped reads only its ends, 0 and 1).
     chat_share: float = 0.5
+    # The engine can park a forward between decoder layers (time-sliced, one rank), and how many layers it has.
+    can_park_poc: bool = False
+    poc_num_layers: int = 1
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,13 @@ class PocBatch:
 
     # At most this many sequences; None: a whole forward (as many as the engine takes at once).
     limit: int | None = None
+    # Started parked: its first chunk of layers runs now, the rest in PocChunk turns.
+    parked: bool = False
+
+
+@dataclass(frozen=True)
+class PocChunk:
+    """Run the next chunk of layers of the parked PoC forward (it finishes with its last layer)."""
 
 
 @dataclass(frozen=True)
@@ -70,11 +89,13 @@ class Idle:
     """Nothing to do: block on the inbox."""
 
 
-Work = EngineStep | PocBatch | Idle
+Work = EngineStep | PocBatch | PocChunk | Idle
 
 
 def choose(s: Snapshot) -> Work:
     chat = EngineStep() if s.has_engine_work else Idle()  # Idle while only preparing: wait for it to arrive
+    if s.is_poc_in_flight:
+        return _parked_forward(s, chat)
     poc_ready = s.has_poc_work and not (s.is_poc_blocked and s.has_engine_work)
     if not poc_ready:
         return chat
@@ -98,9 +119,19 @@ def choose(s: Snapshot) -> Work:
 
 def _idle_forward(s: Snapshot) -> PocBatch:
     if s.poc_cost is None:
-        return PocBatch(limit=1)
-    size = max(s.poc_cost.sequences_within(IDLE_FORWARD_S), s.poc_cost.efficient_size(IDLE_MAX_OVERHEAD))
-    return PocBatch() if size >= s.poc_max_batch else PocBatch(limit=size)
+        return PocBatch(limit=1, parked=s.can_park_poc)
+    # Parked, a new request waits for one layer chunk: the forward is bound per layer instead of whole.
+    bound_s = PARKED_WAIT_S * s.poc_num_layers if s.can_park_poc else IDLE_FORWARD_S
+    size = max(s.poc_cost.sequences_within(bound_s), s.poc_cost.efficient_size(IDLE_MAX_OVERHEAD))
+    return PocBatch(limit=None if size >= s.poc_max_batch else size, parked=s.can_park_poc)
+
+
+def _parked_forward(s: Snapshot, chat: Work) -> Work:
+    """A forward parked between layers: its next chunk while chat is idle or gated, or while chat's share leaves
+    PoC credit; otherwise chat first (a request being tokenized is waited for), the forward keeping its blocks."""
+    if s.is_chat_gated or not (s.has_engine_work or s.is_chat_preparing) or s.poc_credit_s > 0:
+        return PocChunk()
+    return chat
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,14 @@ job's rate against its rate alone, and the round's rate before, during and after
 
 chat (shared mode, --chat-share): --streams concurrent streaming chats of --max-tokens, idle and during a round.
 Prints chat output tok/s, TTFT and TPOT p50/p99, and PoC nonces/s alone and beside chat.
+
+bursts (shared mode): --bursts bursts of --streams streams sent together to a node whose chat is idle, --burst-gap-s
+apart (longer than the loop's linger, so each burst finds chat idle), without a round and during one. Prints TTFT
+p50/p99 idle and during mining, PoC nonces/s alone and during the bursts, and whether a job's artifacts computed
+during them are bit-identical to the same job's alone.
+
+    python -m bench.beside_mining --part bursts                                    (CPU: 4 streams x 64 tokens)
+    python -m bench.beside_mining --part bursts --shape qwen3-0.6b --streams 16 --max-tokens 128        (GPU)
 """
 
 from __future__ import annotations
@@ -251,9 +259,71 @@ def chat_part(model_dir: Path, args) -> dict:
     return figures
 
 
+def _bursts(base: str, args, clients: list[httpx.Client]) -> list[float]:
+    """--bursts bursts of one stream per client sent together, --burst-gap-s apart: every stream's TTFT."""
+    ttfts: list[float] = []
+    for _ in range(args.bursts):
+        results: list = []
+        threads = [threading.Thread(target=_stream, args=(client, base, args, results)) for client in clients]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        ttfts += [ttft for ttft, _, _ in results]
+        time.sleep(args.burst_gap_s)
+    return ttfts
+
+
+def _ttft(ttfts: list[float]) -> dict:
+    return {"ttft_p50_ms": float(np.percentile(ttfts, 50) * 1000),
+            "ttft_p99_ms": float(np.percentile(ttfts, 99) * 1000), "num_requests": len(ttfts)}
+
+
+def bursts_part(model_dir: Path, args) -> dict:
+    procs, _address, base = start_stack(model_dir, args.work_dir, "shared", args,
+                                        "--chat-share", str(args.chat_share), *args.backend_arg)
+    clients = [httpx.Client(timeout=600) for _ in range(args.streams)]  # connections kept, as real clients do
+    try:
+        warm = argparse.Namespace(**{**vars(args), "bursts": 2})
+        _bursts(base, warm, clients)  # warm-up: first requests, and the shapes a burst's prefill takes
+        probe_alone = _probe_vectors(base, args)
+        idle = _ttft(_bursts(base, args, clients))
+        poc_alone = _batch_rate(base, args)
+        _init(base, args)
+        try:
+            time.sleep(args.settle_s)
+            before, started = _processed(base), time.perf_counter()
+            during = _ttft(_bursts(base, args, clients))
+            poc_during = (_processed(base) - before) / (time.perf_counter() - started)
+            probe = _probe_vectors(base, args)  # a job during the round (its forwards are whole or parked)
+        finally:
+            _stop(base)
+    finally:
+        for client in clients:
+            client.close()
+        stop_all(procs)
+    figures = {"chat_share": args.chat_share, "backend_args": args.backend_arg, "streams": args.streams,
+               "max_tokens": args.max_tokens, "bursts": args.bursts, "burst_gap_s": args.burst_gap_s,
+               "idle": idle, "during_mining": during, "poc_alone_nonces_per_s": poc_alone,
+               "poc_during_bursts_nonces_per_s": poc_during, "poc_ratio": poc_during / poc_alone,
+               "ttft_p99_added_ms": during["ttft_p99_ms"] - idle["ttft_p99_ms"],
+               "probe_identical": sum(a == b for a, b in zip(probe, probe_alone, strict=True)),
+               "probe_max_l2": max(vector_l2(a, b) for a, b in zip(probe, probe_alone, strict=True))}
+    for name, f in (("idle", idle), ("during the round", during)):
+        print(f"bursts of {args.streams} {name}: TTFT p50/p99 {f['ttft_p50_ms']:.1f}/{f['ttft_p99_ms']:.1f} ms "
+              f"({f['num_requests']} requests)", flush=True)
+    print(f"chat-share {args.chat_share} {' '.join(args.backend_arg)}: TTFT p99 +{figures['ttft_p99_added_ms']:.1f} ms "
+          f"during mining; PoC {poc_during:.1f} nonces/s during the bursts vs {poc_alone:.1f} alone: "
+          f"{figures['poc_ratio']:.3f}x", flush=True)
+    print(f"numerics: a {len(probe)}-nonce job during the round: {figures['probe_identical']}/{len(probe)} vectors "
+          f"bit-identical to alone (max L2 {figures['probe_max_l2']:.2e})", flush=True)
+    return figures
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", choices=("jobs", "chat", "both"), default="both")
+    p.add_argument("--part", choices=("jobs", "chat", "both", "bursts"), default="both",
+                   help="both: jobs and chat; bursts runs alone")
     from backend.tools.modelgen import SHAPES
     p.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
     p.add_argument("--seq-len", type=int, default=1024)
@@ -266,6 +336,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="one more backend argument for the chat part (repeat: --backend-arg=--poc-overlap "
                         "--backend-arg=off)")
     p.add_argument("--seconds", type=float, default=15.0, help="each measured stretch")
+    p.add_argument("--bursts", type=int, default=20, help="bursts per stretch (--part bursts)")
+    p.add_argument("--burst-gap-s", type=float, default=1.0, help="idle time between bursts (--part bursts)")
     p.add_argument("--settle-s", type=float, default=2.0, help="after a round starts, before measuring it")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.2)
     p.add_argument("--startup-timeout-s", type=float, default=600.0)
@@ -281,6 +353,8 @@ def main(argv: list[str] | None = None) -> None:
         figures["jobs"] = jobs_part(model_dir, args)
     if args.part in ("chat", "both"):
         figures["chat"] = chat_part(model_dir, args)
+    if args.part == "bursts":
+        figures["bursts"] = bursts_part(model_dir, args)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
 

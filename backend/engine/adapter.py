@@ -65,6 +65,7 @@ class Engine:
             self.poc = PocRunner(self.core, self.max_num_seqs, min(settings.poc_max_batch_tokens, step_tokens))
             self.poc.overlaps = self._prepare_overlap(settings)
             self.poc.max_in_flight = settings.poc_forwards_in_flight
+            self.poc.parks = settings.vllm.world_size == 1 and not self.poc.overlaps
         except BaseException:
             self.core.shutdown()  # the workers are processes of their own under TP/PP
             raise
@@ -75,7 +76,8 @@ class Engine:
                  pipeline_parallel_size=settings.engine.pipeline_parallel_size, max_num_seqs=self.max_num_seqs,
                  dtype=str(self.vllm_config.model_config.dtype).removeprefix("torch."),
                  poc_layer_ranges=self.poc.layer_ranges,
-                 poc_overlap=self.poc.overlaps, poc_forwards_in_flight=settings.poc_forwards_in_flight,
+                 poc_overlap=self.poc.overlaps, poc_parks=self.poc.parks,
+                 poc_forwards_in_flight=settings.poc_forwards_in_flight,
                  torch_threads=torch.get_num_threads(), elapsed_s=round(time.monotonic() - started, 1),
                  uptime_s=process_uptime_s())
 

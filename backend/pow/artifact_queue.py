@@ -86,6 +86,10 @@ class ArtifactQueue:
         self.iterations = IterationHistogram()
         # What forwards cost, learned from the ones that ran alone (the time-sliced policy sizes them by it).
         self.costs = CostModel()
+        # Seconds the forward in flight has computed so far, where it runs only while the engine thread waits for
+        # it (a parked one, advanced chunk by chunk): its cost is learned from them as a run_batch's is. None where
+        # it is not timed.
+        self._timed_s: float | None = None
 
     def __len__(self) -> int:
         return len(self._jobs) + len(self._mining)
@@ -177,10 +181,13 @@ class ArtifactQueue:
         launch found free KV blocks (if it did not, the forward in flight or an engine step frees some first)."""
         return not self.is_blocked and self._runner.can_launch and self._pick() is not None
 
-    def launch_batch(self, is_chat_running: bool, budget_s: float) -> None:
-        """Starts a whole forward of the next task beside chat's steps, queueing what `budget_s` of host time
-        allows; `poll_batch` queues the rest and finishes it."""
-        is_job, task, batch = self._take(None)
+    def launch_batch(self, is_chat_running: bool, budget_s: float, limit: int | None = None,
+                     timed: bool = False) -> None:
+        """Starts a forward of the next task (at most `limit` nonces) beside chat's steps, queueing what `budget_s`
+        of host time allows; `poll_batch` queues the rest and finishes it. `timed`: the forward runs only inside
+        these calls (a parked one, time-sliced), so their time is its cost."""
+        is_job, task, batch = self._take(limit)
+        started = self._clock()
         try:
             num_run = self._runner.launch(task.job, batch, is_chat_running, budget_s, owner=(is_job, task))
         except NoFreeBlocks as e:
@@ -190,10 +197,12 @@ class ArtifactQueue:
             self._failed(is_job, task, len(batch), e)
             return
         task.launched += num_run
+        self._timed_s = self._clock() - started if timed else None
 
-    def poll_batch(self, wait: bool = False, budget_s: float = float("inf")) -> None:
+    def poll_batch(self, wait: bool = False, budget_s: float = float("inf"), timed: bool = False) -> None:
         """Queues more of the newest forward launched, and finishes the oldest if it is done (or once it is, with
         `wait`). A failure fails the oldest's task; the nonces of the others in flight are run again."""
+        started = self._clock()
         try:
             polled = self._runner.poll(wait, budget_s)
         except ForwardsLost as lost:
@@ -205,11 +214,16 @@ class ArtifactQueue:
             is_job, task = failed.owner
             self._failed(is_job, task, failed.num_nonces, lost)
             return
+        if self._timed_s is not None:
+            self._timed_s = self._timed_s + self._clock() - started if timed else None
         if polled is None:
             return
         flight, artifacts = polled
         is_job, task = flight.owner
         task.launched -= flight.num_nonces
+        if self._timed_s is not None:
+            self.costs.observe(task.job.spec.seq_len, flight.num_nonces, self._timed_s)
+            self._timed_s = None
         self._finish(is_job, task, artifacts, flight.num_nonces)
 
     def _take(self, limit: int | None) -> tuple[bool, ArtifactTask, list[int]]:

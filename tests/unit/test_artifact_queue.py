@@ -430,3 +430,51 @@ def test_artifact_queue_chunk_clock_restarts_when_a_failed_forward_returns_the_n
     assert queue.expire() == 0
     clock.now = 160.0
     assert queue.expire() == 1 and good_done.calls[0][1].message == "chunk 0 waited 60"
+
+
+class ChunkedRunner(LaunchingRunner):
+    """A forward parked between layers: each launch or poll call computes for CHUNK_S on the queue's clock."""
+
+    CHUNK_S = 0.03
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def launch(self, *args, **kw) -> int:
+        self.clock.now += self.CHUNK_S
+        return super().launch(*args, **kw)
+
+    def poll(self, wait: bool = False, budget_s: float = 0.0):
+        self.clock.now += self.CHUNK_S
+        return super().poll(wait, budget_s)
+
+
+def test_artifact_queue_parked_forward_takes_its_limit_and_its_chunks_teach_the_cost():
+    clock = FakeClock()
+    runner = ChunkedRunner(clock)
+    queue = ArtifactQueue(runner, clock=clock)
+    job, done = _task("validation", 6)
+    queue.submit(job)
+    queue.launch_batch(False, 0.03, limit=2, timed=True)
+    assert runner.launched == ("validation", [0, 1]) and queue.is_in_flight
+    queue.poll_batch(budget_s=0.03, timed=True)  # the next chunk of layers: not done yet
+    assert queue.costs.cost(8) is None
+    clock.now += 5.0  # chat steps between the chunks: not the forward's time
+    runner.finished = True
+    queue.poll_batch(budget_s=0.03, timed=True)
+    assert not queue.is_in_flight and job.remaining == [2, 3, 4, 5] and not done.calls
+    assert queue.costs.cost(8).seconds(2) == pytest.approx(3 * ChunkedRunner.CHUNK_S)
+
+
+def test_artifact_queue_forward_launched_beside_chat_teaches_no_cost():
+    """Overlapped forwards (GPU, beside chat's steps) share the device: their wall time is not their cost."""
+    clock = FakeClock()
+    runner = ChunkedRunner(clock)
+    queue = ArtifactQueue(runner, clock=clock)
+    job, _ = _task("validation", 2)
+    queue.submit(job)
+    queue.launch_batch(True, 0.001)
+    runner.finished = True
+    queue.poll_batch(budget_s=0.001)
+    assert len(queue) == 0 and queue.costs.cost(8) is None

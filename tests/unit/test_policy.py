@@ -9,12 +9,14 @@ import typing
 import pytest
 
 from backend import policy
-from backend.policy import EngineStep, Idle, PocBatch, Snapshot
+from backend.policy import EngineStep, Idle, PocBatch, PocChunk, Snapshot
 from backend.pow.cost import Cost
 from backend.share import INFINITE, ChatShare
 
 # A forward: 2 ms of overhead, 1 ms a sequence; efficient from 8 sequences (overhead at most a fifth).
 COST = Cost(overhead_s=0.002, per_seq_s=0.001)
+# The CPU engine's tiny model at seq_len 1024: 127 ms a sequence (docs/benchmarks.md).
+CPU_COST = Cost(overhead_s=0.001, per_seq_s=0.127)
 
 # (snapshot, expected work, why): one row per case the loop must get right.
 DECISIONS = [
@@ -61,6 +63,27 @@ DECISIONS = [
      "PoC found no free KV blocks: an engine step frees some first"),
     (Snapshot(has_engine_work=False, has_poc_work=True, is_poc_blocked=True, is_chat_gated=True), PocBatch(),
      "blocked but nothing else runs: retry the PoC (blocks free up only from it)"),
+    # --- a forward parked between decoder layers (time-sliced, one rank: PocRunner.parks)
+    (Snapshot(has_engine_work=False, has_poc_work=True, can_park_poc=True, poc_num_layers=4),
+     PocBatch(limit=1, parked=True), "chat idle, engine parks forwards, cost not learned: one sequence, parked"),
+    (Snapshot(has_engine_work=False, has_poc_work=True, poc_cost=CPU_COST, poc_max_batch=32, can_park_poc=True,
+              poc_num_layers=4), PocBatch(limit=1, parked=True),
+     "chat idle, parked: sized so that one layer chunk stays within PARKED_WAIT_S (CPU engine, 4 layers)"),
+    (Snapshot(has_engine_work=False, has_poc_work=True, poc_cost=COST, poc_max_batch=32, can_park_poc=True,
+              poc_num_layers=28), PocBatch(parked=True), "chat idle, parked: a whole fast forward fits"),
+    (Snapshot(has_engine_work=False, has_poc_work=True, poc_cost=COST, poc_max_batch=32, can_park_poc=True,
+              is_chat_gated=True), PocBatch(), "chat gated: whole forwards, never parked (no request can come)"),
+    (Snapshot(has_engine_work=False, has_poc_work=True, is_poc_in_flight=True, can_park_poc=True), PocChunk(),
+     "a parked forward, chat idle: its next chunk"),
+    (Snapshot(has_engine_work=True, has_poc_work=True, is_poc_in_flight=True, can_park_poc=True, poc_credit_s=0.0),
+     EngineStep(), "a request arrived while a forward was parked: chat's step goes first, the forward waits"),
+    (Snapshot(has_engine_work=True, has_poc_work=True, is_poc_in_flight=True, can_park_poc=True, poc_credit_s=0.01),
+     PocChunk(), "a parked forward beside running chat: a chunk whenever chat's share leaves PoC credit"),
+    (Snapshot(has_engine_work=False, is_chat_preparing=True, has_poc_work=True, is_poc_in_flight=True,
+              can_park_poc=True, poc_credit_s=0.0), Idle(),
+     "a parked forward while a request is tokenized, no credit: wait for the request, not a chunk"),
+    (Snapshot(has_engine_work=True, has_poc_work=True, is_poc_in_flight=True, can_park_poc=True, is_chat_gated=True),
+     PocChunk(), "a parked forward when a round gates chat: chunks back to back"),
 ]
 
 
