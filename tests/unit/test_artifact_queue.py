@@ -450,12 +450,17 @@ class ChunkedRunner(LaunchingRunner):
         return super().poll(wait, budget_s)
 
 
-def test_artifact_queue_parked_forward_takes_its_limit_and_its_chunks_teach_the_cost():
+def _chunked(num_nonces: int) -> tuple[FakeClock, ChunkedRunner, ArtifactQueue, ArtifactTask, Done]:
     clock = FakeClock()
     runner = ChunkedRunner(clock)
     queue = ArtifactQueue(runner, clock=clock)
-    job, done = _task("validation", 6)
+    job, done = _task("validation", num_nonces)
     queue.submit(job)
+    return clock, runner, queue, job, done
+
+
+def test_artifact_queue_parked_forward_takes_its_limit_and_its_chunks_teach_the_cost():
+    clock, runner, queue, job, done = _chunked(6)
     queue.launch_batch(False, 0.03, limit=2, timed=True)
     assert runner.launched == ("validation", [0, 1]) and queue.is_in_flight
     queue.poll_batch(budget_s=0.03, timed=True)  # the next chunk of layers: not done yet
@@ -469,11 +474,7 @@ def test_artifact_queue_parked_forward_takes_its_limit_and_its_chunks_teach_the_
 
 def test_artifact_queue_forward_launched_beside_chat_teaches_no_cost():
     """Overlapped forwards (GPU, beside chat's steps) share the device: their wall time is not their cost."""
-    clock = FakeClock()
-    runner = ChunkedRunner(clock)
-    queue = ArtifactQueue(runner, clock=clock)
-    job, _ = _task("validation", 2)
-    queue.submit(job)
+    _, runner, queue, _, _ = _chunked(2)
     queue.launch_batch(True, 0.001)
     runner.finished = True
     queue.poll_batch(budget_s=0.001)
