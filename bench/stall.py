@@ -8,7 +8,9 @@ while each hostile request of issue 33 is in flight on the same frontend:
 
 - `chat_500k_empty`: a chat with 500,000 empty messages (15 MB);
 - `tokenize_900k_empty`: /tokenize with 900,000 empty messages (27 MB);
-- `detokenize_10m`: /detokenize of 10 million ids (20 MB).
+- `detokenize_10m`: /detokenize of 10 million ids (20 MB);
+- `chat_4096_empty`: a chat of 4,096 empty messages, as many as the context allows, so templated and tokenized
+  (off the streams' path) before its 400.
 
 Normal chats run one after another from just before the hostile request is sent until it is answered; each
 case reports the hostile request's status and duration and the probes' TTFT (max, p95, p50, how many were over
@@ -21,13 +23,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import socket
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
-import httpx
 
 from tests.stack import running_stack
 
@@ -44,6 +46,10 @@ def hostile_bodies() -> dict[str, tuple[str, bytes]]:
         "tokenize_900k_empty": ("/tokenize", b'{"model":"tiny","messages":[' + b",".join([empty] * 900_000)
                                 + b"]}"),
         "detokenize_10m": ("/detokenize", b'{"model":"tiny","tokens":[' + b",".join([b"1"] * 10_000_000) + b"]}"),
+        # Within every count limit (4096 = the stack's max_model_len): templated on the processor's tokenize
+        # thread, then refused by its token count.
+        "chat_4096_empty": ("/v1/chat/completions", b'{"model":"tiny","max_tokens":4,"messages":['
+                            + b",".join([empty] * 4096) + b"]}"),
     }
 
 
@@ -65,19 +71,47 @@ async def probe(session: aiohttp.ClientSession, base: str, failures: list[str] |
     return ttft
 
 
+def post_raw(base_url: str, path: str, content: bytes) -> tuple[int, bytes]:
+    """POST over a plain socket (sendall, one C loop without the GIL). httpx's sync writer slices the rest of the
+    body after each send(), copying up to 20 MB a time with the GIL held: the test's own threads then stall for
+    a second, which would be counted against the server."""
+    host, port = base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=300) as s:
+        s.sendall(f"POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+                  f"content-length: {len(content)}\r\nconnection: close\r\n\r\n".encode())
+        s.sendall(content)
+        chunks = []
+        while chunk := s.recv(1 << 20):
+            chunks.append(chunk)
+    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    if b"transfer-encoding: chunked" in head.lower():
+        body = _unchunk(body)
+    return int(head.split(b" ", 2)[1]), body
+
+
+def _unchunk(data: bytes) -> bytes:
+    out = []
+    while data:
+        size, _, data = data.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            break
+        out.append(data[:n])
+        data = data[n + 2:]
+    return b"".join(out)
+
+
 async def run_case(session: aiohttp.ClientSession, base: str, path: str, body: bytes, target_s: float) -> dict:
-    """The hostile request is sent from a thread (httpx, blocking): uploading 20 MB from the probes' own event
-    loop would delay the probes on the client's side."""
+    """The hostile request is sent from a thread over a plain socket (`post_raw`): uploading 20 MB from the
+    probes' own event loop, or with httpx, would delay the probes on the client's side."""
     outcome: dict = {}
 
     def hostile() -> None:
         started = time.perf_counter()
         try:
-            r = httpx.post(f"{base}{path}", content=body, headers={"content-type": "application/json"},
-                           timeout=600)
-            outcome.update(status=r.status_code, response_bytes=len(r.content),
-                           body_head=r.content[:160].decode(errors="replace"))
-        except httpx.HTTPError as e:
+            status, answer = post_raw(base, path, body)
+            outcome.update(status=status, response_bytes=len(answer), body_head=answer[:160].decode(errors="replace"))
+        except OSError as e:
             outcome.update(status=None, error=repr(e))
         outcome["duration_s"] = round(time.perf_counter() - started, 3)
 
