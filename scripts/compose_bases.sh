@@ -58,4 +58,4 @@ tar -C "$rootfs" --one-file-system -c . | $docker import \
     --change 'CMD ["haproxy", "-W", "-db", "-f", "/usr/local/etc/haproxy/haproxy.cfg"]' \
     - "$haproxy_image" >/dev/null
 $docker run --rm "$python_image" python -c "import sys, ssl, venv; print('compose_bases: python', sys.version.split()[0])"
-$docker run --rm "$haproxy_image" haproxy -v | head -1 | sed 's/^/compose_bases: /'
+$docker run --rm "$haproxy_image" haproxy -v | sed -n "1s/^/compose_bases: /p"
