@@ -16,7 +16,7 @@ run: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest tests -q -m "not gpu"
+	$(PY) -m pytest tests -q -m "not gpu" --durations=30
 
 # The compose stacks against a real Docker engine (installed and started where missing; skipped with one line
 # where none can be): scripts/compose_test.sh, README "Docker compose".
