@@ -101,18 +101,38 @@ def start_stack(cfg: SoakConfig) -> tuple[list[Proc], list[str]]:
 
 
 class MemorySampler:
-    """RSS of each process group once a second: at the start of the load, the peak, and the last sample."""
+    """RSS of each process group once a second: at the start of the load, the peak, the last sample, and the slope
+    after warm-up (`slopes`)."""
 
     def __init__(self, procs: list[Proc]) -> None:
         self.procs = procs
         self.figures = {p.name: {"start_mb": 0.0, "peak_mb": 0.0, "final_mb": 0.0} for p in procs}
+        self.samples: dict[str, list[tuple[float, float]]] = {p.name: [] for p in procs}
 
     def sample(self) -> None:
         rss = group_rss_bytes([p.pid for p in self.procs])
+        now = time.monotonic()
         for p in self.procs:
             mb, f = rss.get(p.pid, 0) / _MB, self.figures[p.name]
             f["start_mb"] = f["start_mb"] or mb
             f["peak_mb"], f["final_mb"] = max(f["peak_mb"], mb), mb
+            self.samples[p.name].append((now, mb))
+
+    def slopes(self, warmup_fraction: float = 1 / 3) -> dict[str, float]:
+        """RSS slope in MB/min per process group over the samples after the first `warmup_fraction` of the run
+        (least squares; what a leak shows and a warm-up does not, once it has levelled off)."""
+        out = {}
+        for name, samples in self.samples.items():
+            if len(samples) < 10:
+                continue
+            t0, t1 = samples[0][0], samples[-1][0]
+            after = [(t, mb) for t, mb in samples if t >= t0 + warmup_fraction * (t1 - t0)]
+            mean_t = sum(t for t, _ in after) / len(after)
+            mean_mb = sum(mb for _, mb in after) / len(after)
+            var = sum((t - mean_t) ** 2 for t, _ in after)
+            cov = sum((t - mean_t) * (mb - mean_mb) for t, mb in after)
+            out[name] = round(60 * cov / var, 3) if var else 0.0
+        return out
 
     async def run(self) -> None:
         while True:
@@ -170,7 +190,7 @@ async def soak(cfg: SoakConfig, procs: list[Proc], urls: list[str], receiver: Re
         alive = {p.name: p.proc.poll() is None for p in procs}
     return {
         "chat": summarize_chat(streams, load_s, len(urls)), "pow": summarize_pow(driver),
-        "memory": memory.figures, "load_s": load_s,
+        "memory": memory.figures, "rss_slope_mb_per_min": memory.slopes(), "load_s": load_s,
         "cpu_pct": {"servers": 100 * cpu[1] / load_s, "client": 100 * client_cpu_s / load_s,
                     "foreign": 100 * (cpu[0] - cpu[1] - client_cpu_s) / load_s},
         "health": {"http": health, "alive": alive},
@@ -246,6 +266,7 @@ def print_report(r: dict) -> None:
     ]
     rows += [(f"RSS MB {name} start/peak/final", " / ".join(f"{v:.0f}" for v in m.values()))
              for name, m in r["memory"].items()]
+    rows += [(f"RSS slope {name} after warm-up", f"{v:+.2f} MB/min") for name, v in r["rss_slope_mb_per_min"].items()]
     width = max(len(label) for label, _ in rows)
     for label, value in rows:
         print(f"{label:<{width}}  {value}")

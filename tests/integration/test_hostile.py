@@ -58,10 +58,10 @@ class Stream:
         self._thread.join(60)
 
 
-def _probe_ttft(base_url: str, model: str) -> float:
+def _probe_ttft(http: httpx.Client, base_url: str, model: str) -> float:
     started = time.monotonic()
     body = {"model": model, "stream": True, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
-    with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=60) as r:
+    with http.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=60) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if line.startswith("data:"):
@@ -73,15 +73,18 @@ def _probe_ttft(base_url: str, model: str) -> float:
     ("/v1/chat/completions", {"max_tokens": 4, "messages": [EMPTY] * 500_000}, "messages"),
     ("/tokenize", {"messages": [EMPTY] * 900_000}, "messages"),
     ("/detokenize", {"tokens": [1] * 10_000_000}, "tokens"),
-    # Within every count limit, so templated and tokenized (on the processor's tokenize thread), then refused by
-    # its token count: the bounded work that still goes off the streams' path.
-    ("/v1/chat/completions", {"max_tokens": 4, "messages": [EMPTY] * MAX_MODEL_LEN}, "messages"),
+    # Within every count limit (as many messages as the context, 426k characters of the 475k the text bound
+    # allows), so templated and tokenized on the processor's tokenize thread, then refused by its token count:
+    # the bounded work that still goes off the streams' path (a second or so here).
+    ("/v1/chat/completions", {"max_tokens": 4, "messages": [{"role": "user", "content": "ab " * 33 + "c"}]
+                              * MAX_MODEL_LEN}, "messages"),
 ], ids=["chat 500k empty messages", "tokenize 900k empty messages", "detokenize 10M ids", "chat at the limit"])
 def test_a_huge_request_is_refused_by_count_while_streams_go_on(stack, path, body, param):
     content = httpx.Request("POST", "http://x", json={"model": stack.model, **body}).read()
+    http = httpx.Client()  # one for every probe (a client per probe costs this process an SSL context each)
     stream = Stream(stack.base_url, stack.model)
     # Beside the stream, before the hostile request (the first chat of a fresh stack also warms the engine up).
-    before = min(_probe_ttft(stack.base_url, stack.model) for _ in range(3))
+    before = min(_probe_ttft(http, stack.base_url, stack.model) for _ in range(3))
     probes: list[float] = []
     outcome: dict = {}
 
@@ -94,20 +97,25 @@ def test_a_huge_request_is_refused_by_count_while_streams_go_on(stack, path, bod
         thread = threading.Thread(target=hostile)
         thread.start()
         while thread.is_alive():
-            probes.append(_probe_ttft(stack.base_url, stack.model))
+            probes.append(_probe_ttft(http, stack.base_url, stack.model))
         thread.join()
         took = time.monotonic() - started
         gap = stream.largest_gap(started, started + took)
+        # The same stream over as long a window right after: what this machine's load alone does to its gaps.
+        time.sleep(took)
+        gap_after = stream.largest_gap(started + took, started + 2 * took)
     finally:
         stream.close()
+        http.close()
     print(f"\n{path} ({len(content) / 1e6:.1f} MB): {outcome['status']} in {took:.2f} s; the stream's largest gap "
-          f"{1000 * gap:.0f} ms; {len(probes)} chats beside it, TTFT max {1000 * max(probes):.0f} ms (before it: "
-          f"{1000 * before:.0f} ms)")
+          f"{1000 * gap:.0f} ms (after it: {1000 * gap_after:.0f} ms); {len(probes)} chats beside it, TTFT max "
+          f"{1000 * max(probes):.0f} ms (before it: {1000 * before:.0f} ms)")
     assert outcome["status"] == 400 and outcome["error"]["param"] == param, outcome
     assert outcome["size"] < 1000  # an error body, not a listing of what was sent
-    # Done inline on the loop that serves the streams, the request held their output for about its own
-    # duration (15-35 s before issue 33); off it, the stream's events keep coming.
-    assert gap < took / 2, (gap, took)
+    # Done inline on the loop that serves the streams, the request held their output for most of its own
+    # duration (15-35 s before issue 33); off it, the stream's events keep coming, with no gap much past what
+    # the machine's load alone makes right after.
+    assert gap < max(took / 2, 3 * gap_after), (gap, took, gap_after)
 
 
 def test_out_of_vocabulary_stop_token_ids_get_a_short_error(stack):
