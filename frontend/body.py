@@ -35,14 +35,15 @@ from frontend.errors import ApiError
 INLINE_BODY_BYTES = 64 * 1024
 
 
-def check_counts(messages: int, tokens: int, max_model_len: int | None) -> ApiError | None:
+def check_counts(messages: int, tokens: int, max_model_len: int | None,
+                 messages_param: str = "messages") -> ApiError | None:
     """The lists that cost per item and can never fit the context: the same 400s as the backend's processor
     (backend/processor/cost.py), refused here before their items are validated or sent."""
     if max_model_len is None:  # no backend yet: the route answers 503
         return None
     if messages > max_model_len:
         return ApiError(400, f"{messages} messages: more than this model's maximum context length "
-                             f"({max_model_len} tokens) can hold", param="messages")
+                             f"({max_model_len} tokens) can hold", param=messages_param)
     if tokens > max_model_len:
         return ApiError(400, f"{tokens} tokens: more than this model's maximum context length ({max_model_len})",
                         param="tokens")
@@ -61,8 +62,10 @@ def parse(model: type[BaseModel], body: bytes, max_model_len: int | None, counte
     except json.JSONDecodeError as e:  # the error FastAPI makes of it
         return "error", {"type": "json_invalid", "loc": ("body", e.pos), "msg": "JSON decode error",
                          "input": {}, "ctx": {"error": e.msg}}
-    refusal = check_counts(_length(obj, "messages") if "messages" in counted else 0,
-                           _length(obj, "tokens") if "tokens" in counted else 0, max_model_len)
+    # /v1/responses' `input` items become chat messages.
+    listed = "input" if "input" in counted else "messages"
+    refusal = check_counts(_length(obj, listed) if listed in counted else 0,
+                           _length(obj, "tokens") if "tokens" in counted else 0, max_model_len, listed)
     if refusal is not None:
         return "refused", (refusal.status, refusal.message, refusal.param)
     try:
@@ -146,7 +149,8 @@ def _is_json(request: Request) -> bool:
 
 class OffloadRoute(APIRoute):
     """An APIRoute whose large JSON bodies are parsed in the worker (the app's `state.body_worker`). The lists
-    named `messages` or `tokens` in the body model are held to the served context there."""
+    named `messages`, `input` (/v1/responses' items, which become messages) or `tokens` in the body model are held
+    to the served context there."""
 
     def get_route_handler(self):
         handler = super().get_route_handler()
@@ -154,7 +158,7 @@ class OffloadRoute(APIRoute):
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return handler
         model: type[BaseModel] = annotation
-        counted = tuple(name for name in ("messages", "tokens") if name in model.model_fields)
+        counted = tuple(name for name in ("messages", "input", "tokens") if name in model.model_fields)
 
         async def route_handler(request: Request):
             if _is_json(request):

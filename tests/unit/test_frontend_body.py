@@ -80,6 +80,7 @@ TOO_MANY = [{"role": "user", "content": ""}] * max(FP.max_model_len + 1, INLINE_
 @pytest.mark.parametrize("path,body,param", [
     ("/v1/chat/completions", {"model": "tiny", "messages": TOO_MANY}, "messages"),
     ("/tokenize", {"model": "tiny", "messages": TOO_MANY}, "messages"),
+    ("/v1/responses", {"model": "tiny", "input": TOO_MANY}, "input"),
     ("/detokenize", {"model": "tiny", "tokens": [1] * (INLINE_BODY_BYTES // 2)}, "tokens"),
 ])
 async def test_lists_longer_than_the_context_are_refused_by_count(app, path, body, param):
