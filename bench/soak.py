@@ -100,6 +100,25 @@ def start_stack(cfg: SoakConfig) -> tuple[list[Proc], list[str]]:
     return procs, urls
 
 
+def member_rss_mb(groups: dict[int, str]) -> dict[str, float]:
+    """RSS of every live member of these process groups, as "<group>/<process name>" (the first of a name only)."""
+    out: dict[str, float] = {}
+    page = os.sysconf("SC_PAGE_SIZE")
+    for pid in (d for d in os.listdir("/proc") if d.isdigit()):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                head, rest = f.read().rsplit(")", 1)
+            group = groups.get(int(rest.split()[2]))
+            if group is None:
+                continue
+            with open(f"/proc/{pid}/statm") as f:
+                mb = int(f.read().split()[1]) * page / _MB
+        except OSError:
+            continue  # exited meanwhile
+        out.setdefault(f"{group}/{head.split('(', 1)[1]}", mb)
+    return out
+
+
 class MemorySampler:
     """RSS of each process group once a second: at the start of the load, the peak, the last sample, and the slope
     after warm-up (`slopes`)."""
@@ -117,6 +136,10 @@ class MemorySampler:
             f["start_mb"] = f["start_mb"] or mb
             f["peak_mb"], f["final_mb"] = max(f["peak_mb"], mb), mb
             self.samples[p.name].append((now, mb))
+        # Each member of a group too (the backend's engine process and its processor; a frontend and its body
+        # worker), by process name, so that a slope says which process grows.
+        for name, mb in member_rss_mb({p.pid: p.name for p in self.procs}).items():
+            self.samples.setdefault(name, []).append((now, mb))
 
     def slopes(self, warmup_fraction: float = 1 / 3) -> dict[str, float]:
         """RSS slope in MB/min per process group over the samples after the first `warmup_fraction` of the run

@@ -94,6 +94,7 @@ class ConnectionGuard:
 
     def _sweep(self) -> None:
         now = time.monotonic()
+        header, body = self.num_header_timeouts, self.num_body_timeouts
         for conn in list(self.open):
             if conn.guard_waiting():
                 if now - conn.guard_since > self.header_timeout_s:
@@ -102,6 +103,10 @@ class ConnectionGuard:
             elif conn.guard_body_stalled(now, self.body_timeout_s):
                 self.num_body_timeouts += 1
                 self._close(conn)
+        if (header, body) != (self.num_header_timeouts, self.num_body_timeouts):  # one line a second at most
+            log.info("connections_reaped", header_timeouts=self.num_header_timeouts - header,
+                     body_timeouts=self.num_body_timeouts - body, open=len(self.open),
+                     evicted_total=self.num_evicted, refused_total=self.num_refused)
         asyncio.get_running_loop().call_later(_SWEEP_S, self._sweep)
 
 
