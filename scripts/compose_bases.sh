@@ -29,6 +29,8 @@ fi
 command -v debootstrap >/dev/null || { echo "compose_bases: debootstrap is not installed" >&2; exit 1; }
 rootfs=$(mktemp -d /var/tmp/pocserve-rootfs.XXXXXX)
 trap 'rm -rf --one-file-system "$rootfs"' EXIT
+# mktemp makes it 0700, and tar takes "." as the image's /: the containers' non-root users could not reach a file.
+chmod 755 "$rootfs"
 
 echo "compose_bases: debootstrap $suite from $mirror into $rootfs"
 # minbase: apt, dpkg and the required packages only; passwd (useradd) is among them, as in the official image.
@@ -57,5 +59,6 @@ tar -C "$rootfs" --one-file-system -c . | $docker import \
     --change "ENV LANG=C.UTF-8" \
     --change 'CMD ["haproxy", "-W", "-db", "-f", "/usr/local/etc/haproxy/haproxy.cfg"]' \
     - "$haproxy_image" >/dev/null
-$docker run --rm "$python_image" python -c "import sys, ssl, venv; print('compose_bases: python', sys.version.split()[0])"
+$docker run --rm --user 10001:10001 "$python_image" python -c "import sys, ssl, venv; print('compose_bases: python', \
+sys.version.split()[0])"  # as the images' unprivileged user: a root-only / fails here, not at compose up
 $docker run --rm "$haproxy_image" haproxy -v | sed -n "1s/^/compose_bases: /p"
