@@ -61,10 +61,12 @@ def engine_stats(raw: RawBackend, timeout_s: float = 10.0) -> BackendStats:
 
 
 def is_engine_ready(raw: RawBackend) -> bool:
+    """Ready, and both the engine thread and the processor have reported: the test reads their parts."""
     try:
-        return engine_stats(raw, timeout_s=2.0).is_engine_ready
+        stats = engine_stats(raw, timeout_s=2.0)
     except TimeoutError:
         return False  # still importing vLLM on a busy machine: the io thread may answer late
+    return stats.link.is_engine_ready and stats.engine is not None and stats.chat is not None
 
 
 def open_stream(base_url: str, num_events: list[int], i: int) -> None:
@@ -106,7 +108,7 @@ def test_frontend_kill_aborts_its_requests_and_frees_engine(backend, tmp_path):
                for i in range(NUM_STREAMS)]
     for t in readers:
         t.start()
-    wait_until(lambda: engine_stats(raw).num_running == NUM_STREAMS and min(num_events) >= 3, 60.0,
+    wait_until(lambda: engine_stats(raw).engine.num_running == NUM_STREAMS and min(num_events) >= 3, 60.0,
              "all streams running")
 
     window_start, window_started_at = engine_stats(raw), time.monotonic()
