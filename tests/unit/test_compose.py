@@ -513,11 +513,13 @@ def test_cpu_backend_is_the_gpu_backend_without_the_gpu(services: dict, cpu_serv
     assert cpu["depends_on"] == gpu["depends_on"] and cpu["expose"] == gpu["expose"]
     assert cpu["healthcheck"] == gpu["healthcheck"] and cpu["restart"] == gpu["restart"]
     env_cpu, env_gpu = _environment(cpu), _environment(gpu)
-    # Every CPU setting is one the GPU stack sets, with the same value but for the model's generation.
+    # Every CPU setting is one the GPU stack sets, with the same value but for the model's generation and eager
+    # execution (the CPU image has no C++ compiler for inductor).
     assert set(env_cpu) <= set(env_gpu)
     differs = {k for k in env_cpu if env_cpu[k] != env_gpu[k]}
-    assert differs == {"POCSERVE_GENERATE_MODEL"}
+    assert differs == {"POCSERVE_GENERATE_MODEL", "POCSERVE_ENFORCE_EAGER"}
     assert env_cpu["POCSERVE_GENERATE_MODEL"] == "${POCSERVE_GENERATE_MODEL:-tiny}"
+    assert env_cpu["POCSERVE_ENFORCE_EAGER"] == "${POCSERVE_ENFORCE_EAGER:-1}"
     # The generated model needs a writable /models: a named volume unless MODEL_DIR names a host directory.
     assert "${MODEL_DIR:-models}:/models" in cpu["volumes"]
     assert set(gpu["volumes"]) - {"${MODEL_DIR:-./models}:/models:ro"} <= set(cpu["volumes"])
