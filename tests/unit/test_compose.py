@@ -408,6 +408,13 @@ def test_haproxy_balances_scaled_replicas_and_streams() -> None:
     s = _haproxy_sections()
     assert "nameserver dns 127.0.0.11:53" in s["resolvers docker"]  # Docker's embedded DNS: one A per replica
     assert "bind :8000" in s["frontend http"] and "monitor-uri /lb-health" in s["frontend http"]
+    # Ready replicas first (an HTTP check of /health), any live one only while none is ready.
+    assert "use_backend ready if { nbsrv(ready) gt 0 }" in s["frontend http"]
+    assert "default_backend frontends" in s["frontend http"]
+    ready = s["backend ready"]
+    assert "option httpchk GET /health" in ready and "http-check expect status 200" in ready
+    assert [line for line in ready if line.startswith(("server-template", "default-server"))] == [
+        line for line in s["backend frontends"] if line.startswith(("server-template", "default-server"))]
     backend = s["backend frontends"]
     assert "balance leastconn" in backend
     template = [line for line in backend if line.startswith("server-template ")]
