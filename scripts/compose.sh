@@ -55,7 +55,7 @@ python -m backend.tools.modelgen --out $dir/${model#/models/} --shape tiny)"
     fi
     # The load balancer's host port, unless this project's own balancer holds it (a second `up` that scales).
     port=${LB_PORT:-8000}
-    own=$(docker ps -q --filter "label=com.docker.compose.project=$project" \
+    own=$(${DOCKER:-docker} ps -q --filter "label=com.docker.compose.project=$project" \
         --filter "label=com.docker.compose.service=lb" 2>/dev/null || true)
     if [ -z "$own" ] && (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
         fail "port $port is in use on this host (the load balancer's; set LB_PORT to another)"

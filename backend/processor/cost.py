@@ -81,8 +81,11 @@ def of_generate(req: GenerateRequest) -> Cost:
     base = _chat(req.messages, req.tools, req.prompt)
     s = req.sampling
     enforced = sum(1 + len(t.top_tokens) for t in s.enforced_tokens or ())
-    return Cost(messages=base.messages, chars=base.chars + len(s.enforced_str or ""),
-                ids=len(s.stop_token_ids) + enforced, text_param=base.text_param)
+    enforced_chars = len(s.enforced_str or "")
+    # A refusal names the field that holds most of the text: the one the client must shorten.
+    text_param = "enforced_str" if enforced_chars > base.chars else base.text_param
+    return Cost(messages=base.messages, chars=base.chars + enforced_chars,
+                ids=len(s.stop_token_ids) + enforced, text_param=text_param)
 
 
 def of_tokenize(req: TokenizeRequest | DetokenizeRequest) -> Cost:

@@ -601,7 +601,8 @@ def _compose_sh(tmp_path: Path, *args: str, version: str = "1.29.2", **env: str)
     fake.chmod(0o755)
     environ = {k: v for k, v in os.environ.items() if k not in ("MODEL_DIR", "LB_PORT", "POCSERVE_MODEL",
                                                                 "POCSERVE_GENERATE_MODEL")}
-    environ.update(COMPOSE=str(fake), **env)
+    # DOCKER: no engine is asked whether this project's balancer runs (a stack left up here would hold the port).
+    environ.update(COMPOSE=str(fake), DOCKER="true", **env)
     return subprocess.run(["bash", str(COMPOSE_SH), *args], capture_output=True, text=True, env=environ,
                           timeout=60)
 
