@@ -36,7 +36,7 @@ import msgspec
 import structlog
 
 from backend.pow import outbox
-from backend.pow.outbox import JOB, STREAM, OutboxRow
+from backend.pow.outbox import JOB, STREAM, OutboxRow, group_key, merged, num_artifacts
 from backend.pow.results import MinedBody
 from backend.pow.store import Store, StoreError
 from protocol.common import CallbackStats
@@ -188,7 +188,7 @@ class CallbackSender:
     def _post_group(self, group: _Group, rows: list[OutboxRow]) -> None:  # pool thread
         first = rows[0]
         if first.kind == STREAM:  # one POST for the group: its rows differ only in their artifacts
-            body = msgspec.json.encode(_merged([r.body for r in rows]))
+            body = msgspec.json.encode(merged([r.body for r in rows]))
         else:
             body = msgspec.json.encode(first.body)
         try:
@@ -249,7 +249,7 @@ class CallbackSender:
     def _add_row(self, row: OutboxRow, gate_at: float | None = None) -> None:
         self._rows[row.id] = row
         self._count(row, 1)
-        row.key = _group_key(row)
+        row.key = group_key(row)
         group = self._groups.get(row.key)
         if group is None:
             if gate_at is None:
@@ -318,10 +318,10 @@ class CallbackSender:
                     break
                 if row.kind == STREAM:
                     victims.append(row)
-                    excess -= _num_artifacts(row)
+                    excess -= num_artifacts(row)
             if victims:
                 self._drop(victims, "callback_artifacts_full", max_artifacts=self.max_artifacts,
-                           num_artifacts=sum(_num_artifacts(r) for r in victims))
+                           num_artifacts=sum(num_artifacts(r) for r in victims))
 
     def _idle(self):
         """Rows no POST holds now, oldest first: the ones a cap may drop."""
@@ -329,7 +329,7 @@ class CallbackSender:
 
     def _count(self, row: OutboxRow, sign: int) -> None:
         if row.kind == STREAM:
-            self._num_artifacts += sign * _num_artifacts(row)
+            self._num_artifacts += sign * num_artifacts(row)
         else:
             self._num_job_rows += sign
 
@@ -380,25 +380,3 @@ class CallbackSender:
                 if not f.pending:
                     f.done.set()
 
-
-def _merged(bodies: list) -> MinedBody:
-    """Stream rows of one group (the same node and encoding) as one body."""
-    first = bodies[0]
-    assert isinstance(first, MinedBody), "stream rows are mining batches"
-    return msgspec.structs.replace(first, artifacts=[a for b in bodies for a in b.artifacts])
-
-
-def _num_artifacts(row: OutboxRow) -> int:
-    assert isinstance(row.body, MinedBody), "stream rows are mining batches"
-    return len(row.body.artifacts)
-
-
-def _group_key(row: OutboxRow) -> tuple:
-    if row.kind == STREAM:
-        return STREAM, row.url, row.path, _without_artifacts(row.body)
-    return JOB, row.id
-
-
-def _without_artifacts(body) -> bytes:
-    assert isinstance(body, MinedBody), "stream rows are mining batches"
-    return msgspec.json.encode(msgspec.structs.replace(body, artifacts=[]))

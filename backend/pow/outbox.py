@@ -1,5 +1,6 @@
 """The callback outbox as the SQLite table holds it: one row per callback, and the store functions that read and write
-rows (they run on the store's thread). The sender (callbacks.py) keeps the in-memory view and decides what to send.
+rows (they run on the store's thread), and how rows group into one POST (`group_key`, `merged`). The sender
+(callbacks.py) keeps the in-memory view and decides what to send.
 """
 
 from __future__ import annotations
@@ -67,3 +68,26 @@ def _stored_body(kind: str, payload: str) -> MinedBody | msgspec.Raw:
     if kind == STREAM:
         return msgspec.json.decode(payload, type=MinedBody)
     return msgspec.Raw(payload.encode())
+
+
+def merged(bodies: list) -> MinedBody:
+    """Stream rows of one group (the same node and encoding) as one body."""
+    first = bodies[0]
+    assert isinstance(first, MinedBody), "stream rows are mining batches"
+    return msgspec.structs.replace(first, artifacts=[a for b in bodies for a in b.artifacts])
+
+
+def num_artifacts(row: OutboxRow) -> int:
+    assert isinstance(row.body, MinedBody), "stream rows are mining batches"
+    return len(row.body.artifacts)
+
+
+def group_key(row: OutboxRow) -> tuple:
+    if row.kind == STREAM:
+        return STREAM, row.url, row.path, _without_artifacts(row.body)
+    return JOB, row.id
+
+
+def _without_artifacts(body) -> bytes:
+    assert isinstance(body, MinedBody), "stream rows are mining batches"
+    return msgspec.json.encode(msgspec.structs.replace(body, artifacts=[]))
