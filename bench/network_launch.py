@@ -122,6 +122,16 @@ def vllm_serve_max_num_seqs(argv: list[str]) -> int:
     return int(config.scheduler_config.max_num_seqs)
 
 
+def gpu_memory_mib() -> list[int] | None:
+    """Memory in use on each GPU (nvidia-smi), None without one."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return [int(line) for line in out.split()]
+
+
 def run(args: argparse.Namespace) -> dict:
     port = free_port()
     config = [*CONFIGS[args.config], "--tensor-parallel-size", str(args.tp), *shlex.split(args.extra)]
@@ -163,17 +173,27 @@ def run(args: argparse.Namespace) -> dict:
         body = {"block_hash": "LAUNCH", "block_height": 1, "public_key": "pk", "node_id": 3, "node_count": 2,
                 "group_id": 1, "n_groups": 2, "batch_size": 32, "url": receiver.url,
                 "params": {"model": model, "seq_len": 1024, "k_dim": 12}}
+        result["gpu_mib_before_round"] = gpu_memory_mib()
         r = httpx.post(f"{base}/api/v1/pow/init/generate", json=body, timeout=60)
         result["init_generate"] = r.status_code
-        before = heartbeat(base)
+        before, mining = heartbeat(base), time.monotonic()
         wait(lambda: len(receiver.nonces) >= 64, 300, "64 mined nonces delivered", proc, log)
+        first_64_s = time.monotonic() - mining
+        result["first_64_nonces_s"] = round(first_64_s, 2)
+        # The rate after the first callbacks: later batches, without the round's start.
+        counted, since = len(receiver.nonces), time.monotonic()
+        time.sleep(args.mine_s)
+        result["mined_nonces_per_s"] = round((len(receiver.nonces) - counted) / (time.monotonic() - since), 1)
+        result["gpu_mib_while_mining"] = gpu_memory_mib()
         after = heartbeat(base)
         result["heartbeat_moved_while_mining"] = bool(before and after and after[HEARTBEAT[0]] > before[HEARTBEAT[0]])
         result["mined_nonces_first"] = sorted(receiver.nonces)[:8]
         result["mined_nonces_fork_sequence"] = all((n - 5) % 4 == 0 and n >= 5 for n in receiver.nonces)
         validate = {**body, "node_id": 7, "nonces": sorted(receiver.nonces)[:4], "wait": True}
         del validate["url"]
+        asked = time.monotonic()
         r = httpx.post(f"{base}/api/v1/pow/generate", json=validate, timeout=300)
+        result["validation_during_round_s"] = round(time.monotonic() - asked, 2)
         result["validator_node_7_of_2"] = r.status_code, r.json().get("status")
         result["status_while_mining"] = httpx.get(f"{base}/api/v1/pow/status", timeout=10).json().get("status")
         httpx.post(f"{base}/api/v1/pow/stop", timeout=60)
@@ -199,6 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cpu", action="store_true", help="the CPU engine: KV cache 0.2 of RAM")
     parser.add_argument("--extra", default="", help="more flags for the command line, as one string")
     parser.add_argument("--timeout-s", type=float, default=900.0)
+    parser.add_argument("--mine-s", type=float, default=10.0, help="seconds of mining timed after the first 64")
     parser.add_argument("--log", default="/tmp/pocserve-network-launch.log")
     parser.add_argument("--json")
     args = parser.parse_args(argv)

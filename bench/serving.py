@@ -1,9 +1,11 @@
 """Serving benchmark: the pocserve stack against `vllm serve` from the same install, same model, same load.
 
 Measures requests/s, output tokens/s, TTFT p50/p99 and end-to-end latency p50/p99 of N streaming chat
-completions (temperature 0, ignore_eos, fixed distinct prompts) sent at concurrency C, after a warm-up, and
-the ratios ours/vllm (target: req/s and tok/s >= 0.95). The two systems run one after the other, never
-together, each started fresh by this script and killed (whole process groups) afterwards, also on Ctrl-C.
+completions (temperature 0, ignore_eos, fixed distinct prompts) sent at concurrency C, and the ratios
+ours/vllm (target: req/s and tok/s >= 0.95). The two systems run one after the other, never together,
+each started fresh by this script and killed (whole process groups) afterwards, also on Ctrl-C.
+Before the load, each system is warmed in rounds of the load's concurrency until two rounds in a row have TTFT
+p99 within 20% (a MoE model's first batch shapes stall ~2.5 s on both sides); the table prints the warm-up used.
 
 Both get the same engine flags: max_model_len, max_num_seqs, max_num_batched_tokens, seed, gpu memory
 fraction (0.2), logprobs mode processed_logprobs, prefix caching on, default block size, compiled (CUDA
@@ -64,7 +66,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--num-requests", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--num-warmup", type=int, default=0, help="warm-up requests (0: one per concurrency slot)")
+    p.add_argument("--num-warmup", type=int, default=0,
+                   help="requests per warm-up round (0: two per concurrency slot, so the load's batch sizes occur)")
+    p.add_argument("--max-warmup-rounds", type=int, default=8,
+                   help="warm-up rounds until two in a row have TTFT p99 within 20%% of each other (1: one round)")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
+                   help="extra engine flag for both systems (e.g. --engine-arg=--load-format --engine-arg=dummy: "
+                        "a config-only model directory, no weights on disk); repeatable")
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=4096)
@@ -89,7 +97,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not args.systems or any(s not in SYSTEMS for s in args.systems):
         p.error(f"--systems: choose from {', '.join(SYSTEMS)}")
     if args.num_warmup <= 0:
-        args.num_warmup = args.concurrency
+        args.num_warmup = 2 * args.concurrency
     if args.log_dir is None:
         args.log_dir = Path(f"/tmp/pocserve-bench-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
     return args
@@ -101,7 +109,7 @@ def _engine_flags(args: argparse.Namespace) -> list[str]:
              "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--seed", str(args.seed),
              "--gpu-memory-utilization", str(args.gpu_memory_utilization),
              "--logprobs-mode", "processed_logprobs", "--served-model-name", SERVED_NAME,
-             "--tensor-parallel-size", str(args.tensor_parallel_size)]
+             "--tensor-parallel-size", str(args.tensor_parallel_size), *args.engine_arg]
     return flags + (["--enforce-eager"] if args.enforce_eager else [])
 
 
@@ -143,6 +151,33 @@ def _cpu_now(procs: list[Proc]) -> tuple[float, float, float]:
     return machine_busy_s(), group_cpu_s([p.pid for p in procs]), t.user + t.system
 
 
+def settled(p99s: list[float]) -> bool:
+    """Two warm-up rounds in a row whose TTFT p99 lie within 20% of each other: first-start stalls (kernel
+    tuning, compilation, graph capture of batch shapes not met before) are behind."""
+    return len(p99s) >= 2 and max(p99s[-2:]) <= 1.2 * min(p99s[-2:])
+
+
+def warm_up(name: str, base_url: str, args: argparse.Namespace) -> list[float]:
+    """Rounds of --num-warmup requests at the load's concurrency until the TTFT p99 settles; their p99s."""
+    p99s: list[float] = []
+    for round_no in range(args.max_warmup_rounds):
+        warm, wall_s = asyncio.run(run_load(base_url, SERVED_NAME, num_requests=args.num_warmup,
+                                            concurrency=args.concurrency, max_tokens=args.max_tokens,
+                                            first_index=1_000_000 * (round_no + 1)))
+        if not all(r.ok for r in warm):
+            raise RuntimeError(f"[{name}] warm-up failed: {next(r.error for r in warm if not r.ok)}")
+        figures = summarize(warm, wall_s)
+        p99s.append(figures["ttft_p99_ms"])
+        print(f"[{name}] warm-up round {round_no + 1}: {args.num_warmup} requests in {wall_s:.1f} s, "
+              f"TTFT p99 {p99s[-1]:.0f} ms, {figures['output_tok_per_s']:.0f} tok/s", flush=True)
+        if settled(p99s):
+            break
+    else:
+        if args.max_warmup_rounds > 1:
+            print(f"[{name}] TTFT p99 did not settle in {args.max_warmup_rounds} warm-up rounds", flush=True)
+    return p99s
+
+
 def bench_system(name: str, args: argparse.Namespace, model_dir: Path) -> dict:
     port = free_port()
     procs: list[Proc] = []
@@ -154,13 +189,9 @@ def bench_system(name: str, args: argparse.Namespace, model_dir: Path) -> dict:
     try:
         procs, ready_url = (start_ours if name == "ours" else start_vllm)(args, model_dir, port)
         startup_s = wait_http_ok(ready_url, procs, args.startup_timeout_s)
-        print(f"[{name}] ready after {startup_s:.0f} s; warm-up: {args.num_warmup} requests", flush=True)
+        print(f"[{name}] ready after {startup_s:.0f} s", flush=True)
         base_url = f"http://127.0.0.1:{port}"
-        warm, _ = asyncio.run(run_load(base_url, SERVED_NAME, num_requests=args.num_warmup,
-                                       concurrency=args.concurrency, max_tokens=args.max_tokens,
-                                       first_index=1_000_000))
-        if not all(r.ok for r in warm):
-            raise RuntimeError(f"[{name}] warm-up failed: {next(r.error for r in warm if not r.ok)}")
+        warmup_p99_ms = warm_up(name, base_url, args)
         print(f"[{name}] load: {args.num_requests} requests at concurrency {args.concurrency}", flush=True)
         cpu_before = _cpu_now(procs)
         results, duration_s = asyncio.run(run_load(base_url, SERVED_NAME, num_requests=args.num_requests,
@@ -171,6 +202,7 @@ def bench_system(name: str, args: argparse.Namespace, model_dir: Path) -> dict:
         # On a shared machine, CPU used by processes that are neither the servers nor this client skews the
         # figures; 100 % = one core busy with foreign work for the whole load.
         return {**summarize(results, duration_s), "startup_s": startup_s, "gpu_wait_s": waited_s,
+                "warmup_ttft_p99_ms": warmup_p99_ms, "warmup_requests": len(warmup_p99_ms) * args.num_warmup,
                 "gpu_held_at_start": held,
                 "servers_cpu_pct": 100 * cpu[1] / duration_s, "client_cpu_pct": 100 * cpu[2] / duration_s,
                 "foreign_cpu_pct": 100 * (cpu[0] - cpu[1] - cpu[2]) / duration_s}
@@ -182,7 +214,8 @@ ROWS = (("requests/s", "req_per_s", "{:.2f}"), ("output tok/s", "output_tok_per_
         ("TTFT p50 ms", "ttft_p50_ms", "{:.1f}"), ("TTFT p99 ms", "ttft_p99_ms", "{:.1f}"),
         ("e2e p50 ms", "e2e_p50_ms", "{:.1f}"), ("e2e p99 ms", "e2e_p99_ms", "{:.1f}"),
         ("TPOT p50 ms", "tpot_p50_ms", "{:.2f}"), ("ok / sent", None, None), ("startup s", "startup_s", "{:.0f}"),
-        ("servers CPU %", "servers_cpu_pct", "{:.0f}"), ("client CPU %", "client_cpu_pct", "{:.0f}"),
+        ("warm-up reqs", "warmup_requests", "{:d}"), ("servers CPU %", "servers_cpu_pct", "{:.0f}"),
+        ("client CPU %", "client_cpu_pct", "{:.0f}"),
         ("foreign CPU %", "foreign_cpu_pct", "{:.0f}"))
 RATIO_KEYS = ("req_per_s", "output_tok_per_s", "ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms")
 
@@ -198,7 +231,7 @@ def print_table(figures: dict[str, dict], rat: dict[str, float]) -> None:
     header = f"{'':16}" + "".join(f"{n:>12}" for n in names) + (f"{'ours/vllm':>12}" if rat else "")
     print(header)
     for label, key, fmt in ROWS:
-        if key is None:
+        if key is None or fmt is None:
             cells = "".join(f"{str(figures[n]['num_ok']) + '/' + str(figures[n]['num_requests']):>12}" for n in names)
         else:
             cells = "".join(f"{fmt.format(figures[n][key]):>12}" for n in names)
@@ -221,7 +254,13 @@ def _version(*dists: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     raise_on_signals()
-    model_dir = ensure_model(args.model_dir, args.shape, num_layers=args.num_layers, quant=args.quant)
+    if "dummy" in args.engine_arg:  # vLLM makes the weights up: the directory needs its config and tokenizer only
+        model_dir = args.model_dir.resolve()
+        if not (model_dir / "config.json").is_file():
+            raise SystemExit(f"--load-format dummy: {model_dir} has no config.json (backend.tools.modelgen "
+                             "--config-only writes one)")
+    else:
+        model_dir = ensure_model(args.model_dir, args.shape, num_layers=args.num_layers, quant=args.quant)
     print(f"model {model_dir} ({args.shape}); logs in {args.log_dir}", flush=True)
     figures: dict[str, dict] = {}
     try:

@@ -20,6 +20,10 @@
 #   bash scripts/gpu_check.sh moe-golden      # the 235B slice's artifacts vs the CPU engine's golden file
 #   bash scripts/gpu_check.sh full-scale      # the 235B model whole (94 layers, dummy weights) at TP=4 through
 #                                             # bench.network_launch (FULL="LAYERS TP QUANT CONFIG EXTRA")
+#   bash scripts/gpu_check.sh full-serving    # the same model and TP: chat vs `vllm serve` in steady state, each
+#                                             # warmed until its TTFT p99 settles (SERVING="TP SYSTEMS REQUESTS
+#                                             # CONCURRENCY EXTRA"; eager decode at 94 layers is ~200 ms a
+#                                             # step: 256 requests of each system fit one 10-minute call)
 #   bash scripts/gpu_check.sh launch          # the ML node's command line with a network config on this GPU
 #                                             # (bench.network_launch; LAUNCH="SHAPE LAYERS QUANT CONFIG")
 #   bash scripts/gpu_check.sh topologies P L  # several GPUs: artifacts on tp1, tp2, pp2 (and tp4, tp2xpp2 on 4+),
@@ -90,6 +94,17 @@ case "${1:-tests}" in
       --json "$out/full-scale.json" 2>&1 | quiet | tail -60
     grep -E "KV cache|Available KV|engine_ready|Loading weights|Model loading took|init engine" "$out/full-scale.log" \
       | cut -c1-300 | tail -12
+    ;;
+  full-serving)
+    read -r tp systems requests concurrency extra <<< "${SERVING:-4 ours,vllm 256 128 --enforce-eager --max-warmup-rounds 2}"
+    dir=models/qwen3-235b-a22b-94l-fp8-config-only
+    python3 -m backend.tools.modelgen --out "$dir" --shape qwen3-235b-a22b --num-layers 94 --quant fp8 --config-only
+    python3 -m bench.serving --model-dir "$dir" --tensor-parallel-size "$tp" --systems "$systems" \
+      --engine-arg=--load-format --engine-arg=dummy --num-requests "$requests" --concurrency "$concurrency" \
+      --num-warmup "$concurrency" --max-tokens 64 --max-model-len 8192 --max-num-seqs 256 --max-num-batched-tokens 8192 \
+      --gpu-memory-utilization 0.9 $extra --device-note "$(nvidia-smi --query-gpu=name --format=csv,noheader \
+      | sort | uniq -c | xargs)" --json "$out/full-serving.json" 2>&1 | quiet | tee "$out/full-serving.txt" | tail -40
+    keep_logs full-serving
     ;;
   launch)  # the network's launch on this GPU: LAUNCH="SHAPE LAYERS QUANT CONFIG" (default: the 235B shape at
            # 2 layers, block-FP8, the release-candidate config) through bench.network_launch
