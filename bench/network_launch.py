@@ -6,8 +6,9 @@ one of the network's Qwen3-235B configs, then driven as dapi and the ML node dri
 
 Prints (and --json writes): seconds to the ML node's heartbeat, the dtype the engine runs (its handshake, via the
 probe) against the `--dtype float16` given, max_num_seqs against what `vllm serve` picks for the same arguments,
-the heartbeat moving during a round mined by a node numbered above the node count, a validator's /generate, chat
-with cached prompt tokens, and the seconds from SIGINT to exit.
+the heartbeat moving during a round mined by a node numbered above the node count, the round's nonces/s and GPU
+memory against before it, a validator's /generate and its latency during the round, chat with cached prompt
+tokens, and the seconds from SIGINT to exit.
 """
 
 from __future__ import annotations
