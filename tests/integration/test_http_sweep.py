@@ -58,7 +58,7 @@ EXPECTED = {"POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 # The body fields that limit generation, by operation path; any one set counts as a limit.
 LIMITS = {"/v1/chat/completions": ("max_tokens", "max_completion_tokens"), "/v1/responses": ("max_output_tokens",)}
-FILLED_LIMIT = 32
+FILLED_LIMIT = 16
 
 
 @pytest.fixture(scope="module")
