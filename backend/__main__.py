@@ -23,6 +23,7 @@ import zmq
 
 from backend import fork_env
 from backend.engine import compat
+from backend.heap import HeapTrimmer
 from backend.pow.store import StoreError, open_store
 from backend.settings import BackendSettings, load_settings
 from backend.transport.control import ControlPlane
@@ -146,6 +147,7 @@ def serve(settings: BackendSettings) -> int:
     from backend.processor.parsing import check_parser_names
 
     engine = loop = None
+    trimmer = HeapTrimmer().start()
     try:
         # vLLM's registries, so not earlier
         check_parser_names(settings.vllm.tool_call_parser, settings.engine.reasoning_parser or "")
@@ -173,6 +175,7 @@ def serve(settings: BackendSettings) -> int:
         time.sleep(_DEAD_LINGER_S)
         return 1
     finally:
+        trimmer.stop()
         shut_down(server, ctx)
         stop_processor(processor)
         if loop is not None:
