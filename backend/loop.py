@@ -114,7 +114,8 @@ class BackendLoop:
         cost, max_batch = self.artifacts.next_forward()
         return policy.Snapshot(
             has_engine_work=self.chat.has_work(), is_chat_preparing=self.chat.is_preparing(),
-            is_chat_recent=self.linger_s() > 0, is_chat_gated=self.chat.is_gated,
+            is_chat_recent=self.linger_s() > 0,
+            is_chat_quiet=time.monotonic() - self._chat_seen_at > policy.CHAT_QUIET_S, is_chat_gated=self.chat.is_gated,
             has_poc_work=len(self.artifacts) > 0, is_poc_blocked=self.artifacts.is_blocked,
             poc_credit_s=self.share.credit_s, poc_cost=cost, poc_max_batch=max_batch,
             is_poc_in_flight=self.artifacts.is_in_flight, has_poc_slot=self.artifacts.has_slot,

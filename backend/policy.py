@@ -15,13 +15,17 @@ forward is started parked (`PocBatch(parked=True)`) and run a chunk of layers at
 that arrives meanwhile waits for one chunk, not a whole forward, and goes first; the forward goes on in the chunks
 chat's share pays for (credit), or once chat is idle. Its size is then bound per layer (PARKED_WAIT_S), which is
 what a new request waits for.
+
+Chat comes in bursts after short gaps. While chat ran within CHAT_QUIET_S, an idle forward may spend up to
+MAX_OVERHEAD_SHARE of its time on overhead to keep within its bound (the next burst is likely); after a longer
+quiet (mining alone), only IDLE_MAX_OVERHEAD: the bound then gives way to efficiency.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backend.pow.cost import Cost
+from backend.pow.cost import MAX_OVERHEAD_SHARE, Cost
 
 # With chat idle but free to arrive: the longest a PoC forward should make a new request wait, and the overhead
 # share that justifies a longer one. On a GPU the network's 32 x 1024 forward takes ~0.1 s on a 0.6B shape (one
@@ -30,6 +34,10 @@ IDLE_FORWARD_S = 0.25
 IDLE_MAX_OVERHEAD = 0.05
 # A parked forward's layer chunk: the longest a request arriving while chat was idle waits for PoC.
 PARKED_WAIT_S = 0.03
+# Chat that ran within this long is likely to come again soon (bursts after short gaps): idle forwards keep their
+# bound at up to MAX_OVERHEAD_SHARE overhead (CPU engine: a 4-stream burst's TTFT p99 +88 ms during mining at the
+# 5% floor, docs/benchmarks.md).
+CHAT_QUIET_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,8 @@ class Snapshot:
     is_chat_preparing: bool = False
     # Chat had work within the loop's linger (CHAT_LINGER_S): PoC is sized as if it still had.
     is_chat_recent: bool = False
+    # Chat has had no work for CHAT_QUIET_S (or never): idle forwards are sized for efficiency, not for a burst.
+    is_chat_quiet: bool = True
     # Chat is refused (an exclusive-mode round): no request can arrive for PoC to make room for.
     is_chat_gated: bool = False
     # PoC artifact work is queued (jobs or a round's batch).
@@ -122,7 +132,8 @@ def _idle_forward(s: Snapshot) -> PocBatch:
         return PocBatch(limit=1, parked=s.can_park_poc)
     # Parked, a new request waits for one layer chunk: the forward is bound per layer instead of whole.
     bound_s = PARKED_WAIT_S * s.poc_num_layers if s.can_park_poc else IDLE_FORWARD_S
-    size = max(s.poc_cost.sequences_within(bound_s), s.poc_cost.efficient_size(IDLE_MAX_OVERHEAD))
+    max_overhead = IDLE_MAX_OVERHEAD if s.is_chat_quiet else MAX_OVERHEAD_SHARE
+    size = max(s.poc_cost.sequences_within(bound_s), s.poc_cost.efficient_size(max_overhead))
     return PocBatch(limit=None if size >= s.poc_max_batch else size, parked=s.can_park_poc)
 
 

@@ -17,6 +17,8 @@ from backend.share import INFINITE, ChatShare
 COST = Cost(overhead_s=0.002, per_seq_s=0.001)
 # The CPU engine's tiny model at seq_len 1024: 127 ms a sequence (docs/benchmarks.md).
 CPU_COST = Cost(overhead_s=0.001, per_seq_s=0.127)
+# A forward whose 5% floor is 3 sequences and whose 20% floor is 1 (10 ms overhead, 84 ms a sequence).
+CPU_BURSTY = Cost(overhead_s=0.01, per_seq_s=0.084)
 
 # (snapshot, expected work, why): one row per case the loop must get right.
 DECISIONS = [
@@ -32,6 +34,9 @@ DECISIONS = [
      PocBatch(limit=1), "chat idle, slow forwards (the CPU engine at seq_len 1024): split to bound a new chat's wait"),
     (Snapshot(has_engine_work=False, has_poc_work=True, poc_cost=Cost(0.02, 0.05), poc_max_batch=32),
      PocBatch(limit=8), "chat idle: split, but no smaller than 5% overhead allows"),
+    (Snapshot(has_engine_work=False, is_chat_quiet=False, has_poc_work=True, poc_cost=Cost(0.02, 0.05),
+              poc_max_batch=32), PocBatch(limit=4),
+     "chat idle but ran within CHAT_QUIET_S: the idle bound holds at up to 20% overhead (the next burst is likely)"),
     (Snapshot(has_engine_work=False, is_chat_preparing=True), Idle(),
      "a request is being tokenized and nothing else runs: wait for it"),
     (Snapshot(has_engine_work=False, is_chat_preparing=True, has_poc_work=True, poc_credit_s=0.0), Idle(),
@@ -71,6 +76,13 @@ DECISIONS = [
      "chat idle, parked: sized so that one layer chunk stays within PARKED_WAIT_S (CPU engine, 4 layers)"),
     (Snapshot(has_engine_work=False, has_poc_work=True, poc_cost=COST, poc_max_batch=32, can_park_poc=True,
               poc_num_layers=28), PocBatch(parked=True), "chat idle, parked: a whole fast forward fits"),
+    (Snapshot(has_engine_work=False, has_poc_work=True, poc_cost=CPU_BURSTY, poc_max_batch=32, can_park_poc=True,
+              poc_num_layers=4), PocBatch(limit=3, parked=True),
+     "mining alone (chat quiet for CHAT_QUIET_S), parked: no smaller than 5% overhead, though a chunk outlasts "
+     "PARKED_WAIT_S"),
+    (Snapshot(has_engine_work=False, is_chat_quiet=False, has_poc_work=True, poc_cost=CPU_BURSTY, poc_max_batch=32,
+              can_park_poc=True, poc_num_layers=4), PocBatch(limit=1, parked=True),
+     "chat ran lately, parked: one layer chunk within PARKED_WAIT_S at up to 20% overhead (CPU bursts)"),
     (Snapshot(has_engine_work=False, has_poc_work=True, poc_cost=COST, poc_max_batch=32, can_park_poc=True,
               is_chat_gated=True), PocBatch(), "chat gated: whole forwards, never parked (no request can come)"),
     (Snapshot(has_engine_work=False, has_poc_work=True, is_poc_in_flight=True, can_park_poc=True), PocChunk(),

@@ -110,7 +110,10 @@ class LayerwiseForward:
         return self.last_hidden is not None
 
     def advance(self, budget_s: float) -> bool:
-        """Queues decoder layers until `budget_s` of host time is spent (at least one); True once all are."""
+        """Queues decoder layers within `budget_s` of host time (at least one): the next layer is left for the
+        next call when, taking as long as the last, it would end past the budget (on the CPU engine a layer's host
+        time is its compute, and a chunk that overran by a layer doubled a waiting request's wait). True once all
+        are queued."""
         if self.is_queued:
             return True
         started = time.perf_counter()
@@ -120,11 +123,12 @@ class LayerwiseForward:
                 return True
             layers = self._stack.layers
             while self._next < self._end:
-                i = self._next
+                i, layer_started = self._next, time.perf_counter()
                 out = layers[i](self.prefill.positions, self._hidden, self._residual)
                 self._hidden, self._residual = self._reflect(self._vectors[i])(layers[i], None, out)
                 self._next += 1
-                if time.perf_counter() - started >= budget_s:
+                now = time.perf_counter()
+                if now - started + (now - layer_started) > budget_s:
                     break
             if self._next == self._end:
                 hidden, _ = self._stack.norm(self._hidden, self._residual)
