@@ -87,13 +87,14 @@ class BackendLoop:
         budget_s = POC_LAUNCH_SLICE_S if is_chat_running else float("inf")
         if in_flight:
             # Nothing can arrive for PoC to make room for while chat is gated (an exclusive round).
-            self.artifacts.poll_batch(wait=self.chat.is_gated and not is_chat_running, budget_s=budget_s)
+            self.artifacts.poll_batch(wait=self.chat.is_gated and not is_chat_running, budget_s=budget_s,
+                                      is_chat_running=is_chat_running)
         self.pow.feed()
         work = policy.choose_overlapped(self.snapshot())
         if work.launch_poc:
             started = time.perf_counter()
-            self.artifacts.launch_batch(is_chat_running, budget_s)
-            log.debug("poc_launched", beside_chat=is_chat_running, chat_gated=self.chat.is_gated,
+            self.artifacts.launch_batch(is_chat_running, budget_s, paced=work.paced)
+            log.debug("poc_launched", beside_chat=is_chat_running, chat_gated=self.chat.is_gated, paced=work.paced,
                       host_ms=round((time.perf_counter() - started) * 1000, 2))
         if work.step_chat:
             self.step_engine()

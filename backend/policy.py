@@ -19,6 +19,12 @@ what a new request waits for.
 Chat comes in bursts after short gaps. While chat ran within CHAT_QUIET_S, an idle forward may spend up to
 MAX_OVERHEAD_SHARE of its time on overhead to keep within its bound (the next burst is likely); after a longer
 quiet (mining alone), only IDLE_MAX_OVERHEAD: the bound then gives way to efficiency.
+
+The same holds beside chat (`choose_overlapped`): a forward launched while chat is idle takes every SM, so a
+request arriving then waited for the whole of it and the next queued behind it. While chat is idle but ran within
+CHAT_QUIET_S (not gated), a forward is launched paced (`Overlapped.paced`): queued only a few milliseconds ahead of
+the GPU, and moved onto PoC's share of the SMs as soon as chat runs (backend/engine/pocworker/pacing.py). After a
+longer quiet, forwards are launched whole again (CUDA graphs, no host time per layer).
 """
 
 from __future__ import annotations
@@ -152,6 +158,8 @@ class Overlapped:
 
     launch_poc: bool
     step_chat: bool
+    # The forward launched is paced: chat is idle now, but likely to come back soon.
+    paced: bool = False
 
 
 def choose_overlapped(s: Snapshot) -> Overlapped:
@@ -166,4 +174,5 @@ def choose_overlapped(s: Snapshot) -> Overlapped:
     launch = poc_ready and (s.chat_share < 1.0 or s.is_chat_gated or not is_chat_active)
     poc_busy = s.is_poc_in_flight or launch or (s.has_poc_work and not s.is_poc_blocked)
     step = s.has_engine_work and (s.chat_share > 0.0 or not poc_busy)
-    return Overlapped(launch_poc=launch, step_chat=step)
+    paced = launch and not (s.is_chat_recent or s.is_chat_gated or s.is_chat_quiet)
+    return Overlapped(launch_poc=launch, step_chat=step, paced=paced)

@@ -14,8 +14,9 @@ Prints chat output tok/s, TTFT and TPOT p50/p99, and PoC nonces/s alone and besi
 
 bursts (shared mode): --bursts bursts of --streams streams sent together to a node whose chat is idle, --burst-gap-s
 apart (longer than the loop's linger, so each burst finds chat idle), without a round and during one. Prints TTFT
-p50/p99 idle and during mining, PoC nonces/s alone and during the bursts, and whether a job's artifacts computed
-during them are bit-identical to the same job's alone.
+p50/p99 idle and during mining, PoC nonces/s alone and during the bursts, and whether the artifacts of jobs run
+back to back while bursts come and go (their forwards met by a burst midway) are bit-identical to the same job's
+alone.
 
     python -m bench.beside_mining --part bursts                                    (CPU: 4 streams x 64 tokens)
     python -m bench.beside_mining --part bursts --shape qwen3-0.6b --streams 16 --max-tokens 128        (GPU)
@@ -279,6 +280,19 @@ def _ttft(ttfts: list[float]) -> dict:
             "ttft_p99_ms": float(np.percentile(ttfts, 99) * 1000), "num_requests": len(ttfts)}
 
 
+def _probes_beside_bursts(base: str, args, clients: list[httpx.Client]) -> list[list[str]]:
+    """Validation jobs back to back while bursts come and go (a quarter of --bursts): their forwards start with
+    chat idle and meet a burst midway (a paced forward moves onto PoC's SMs then, a parked one waits)."""
+    stretch = argparse.Namespace(**{**vars(args), "bursts": max(3, args.bursts // 4)})
+    bursts = threading.Thread(target=_bursts, args=(base, stretch, clients))
+    bursts.start()
+    probes: list[list[str]] = []
+    while bursts.is_alive() or not probes:
+        probes.append(_probe_vectors(base, args))
+    bursts.join()
+    return probes
+
+
 def bursts_part(model_dir: Path, args) -> dict:
     procs, _address, base = start_stack(model_dir, args.work_dir, "shared", args,
                                         "--chat-share", str(args.chat_share), *args.backend_arg)
@@ -297,7 +311,7 @@ def bursts_part(model_dir: Path, args) -> dict:
             before, started = _processed(base), time.perf_counter()
             during = _ttft(_bursts(base, args, clients))
             poc_during = (_processed(base) - before) / (time.perf_counter() - started)
-            probe = _probe_vectors(base, args)  # a job during the round (its forwards are whole or parked)
+            probes = _probes_beside_bursts(base, args, clients)
         finally:
             _stop(base)
     finally:
@@ -309,16 +323,17 @@ def bursts_part(model_dir: Path, args) -> dict:
                "idle": idle, "during_mining": during, "poc_alone_nonces_per_s": poc_alone,
                "poc_during_bursts_nonces_per_s": poc_during, "poc_ratio": poc_during / poc_alone,
                "ttft_p99_added_ms": during["ttft_p99_ms"] - idle["ttft_p99_ms"],
-               "probe_identical": sum(a == b for a, b in zip(probe, probe_alone, strict=True)),
-               "probe_max_l2": max(vector_l2(a, b) for a, b in zip(probe, probe_alone, strict=True))}
+               "probes": len(probes), "probes_identical": sum(probe == probe_alone for probe in probes),
+               "probe_max_l2": max(vector_l2(a, b) for probe in probes for a, b in zip(probe, probe_alone, strict=True))}
     for name, f in (("idle", idle), ("during the round", during)):
         print(f"bursts of {args.streams} {name}: TTFT p50/p99 {f['ttft_p50_ms']:.1f}/{f['ttft_p99_ms']:.1f} ms "
               f"({f['num_requests']} requests)", flush=True)
     print(f"chat-share {args.chat_share} {' '.join(args.backend_arg)}: TTFT p99 +{figures['ttft_p99_added_ms']:.1f} ms "
           f"during mining; PoC {poc_during:.1f} nonces/s during the bursts vs {poc_alone:.1f} alone: "
           f"{figures['poc_ratio']:.3f}x", flush=True)
-    print(f"numerics: a {len(probe)}-nonce job during the round: {figures['probe_identical']}/{len(probe)} vectors "
-          f"bit-identical to alone (max L2 {figures['probe_max_l2']:.2e})", flush=True)
+    print(f"numerics: {len(probes)} jobs of {args.batch_size} nonces during the round and bursts: "
+          f"{figures['probes_identical']}/{len(probes)} bit-identical to alone (max L2 {figures['probe_max_l2']:.2e})",
+          flush=True)
     return figures
 
 

@@ -13,6 +13,8 @@
 #                                             # steps (--poc-overlap auto) vs time-sliced (off) at chat shares
 #                                             # (RUNS="auto:0.5 auto:0.25 off:0.5"), then the shared-mode mining
 #                                             # tests on the CUDA engine (TESTS=0 skips them)
+#   bash scripts/gpu_check.sh bursts          # 16-stream bursts to an idle node, without a round and during one
+#                                             # (0.6B), for this tree and others (RUNS="TREE:SHARE ...")
 #   bash scripts/gpu_check.sh startup         # first (cold caches) and second start of the backend, 0.6B and
 #                                             # tiny-moe, with each start's phases (bench/startup.py)
 #   bash scripts/gpu_check.sh poc-parts N Q   # the qwen3-235b-a22b shape at N layers, Q none|fp8: PoC vs bare at
@@ -159,6 +161,21 @@ PY
         -k "overlapped or layerwise or shared_round or shared_mode_serves" -s --junitxml "$out/overlap-tests.xml" 2>&1 | quiet \
         | tail -15 | tee "$out/overlap-tests.txt"
     fi
+    ;;
+  bursts)  # RUNS="TREE:SHARE ..." (default .:0.6): 16-stream bursts to an idle node, without a round and during one
+           # (0.6B). TREE: this tree (.) or a directory holding another tree of the project, for a before/after pair
+           # in one lease (e.g. git archive of the commit before, carried under .stage/)
+    abs_out=$(cd "$out" && pwd)
+    for run in ${RUNS:-.:0.6}; do
+      IFS=: read -r tree share <<< "$run"
+      tag=$(basename "$(cd "$tree" && pwd)")-$share
+      [ "$tree" != . ] && [ ! -e "$tree/models" ] && ln -s "$PWD/models" "$tree/models"
+      echo "bursts $run" | tee -a "$out/bursts.txt"
+      (cd "$tree" && PYTHONPATH=/tmp/site:$PWD python3 -m bench.beside_mining --part bursts --shape qwen3-0.6b \
+        --seq-len 1024 --batch-size 32 --streams 16 --max-tokens 128 --chat-share "$share" \
+        --gpu-memory-utilization 0.5 --json "$abs_out/bursts-$tag.json") 2>&1 | quiet | tail -6 \
+        | tee -a "$out/bursts.txt" || echo "bursts run $run failed" | tee -a "$out/bursts.txt"
+    done
     ;;
   startup)  # startup [SHAPE...] (default: qwen3-0.6b tiny-moe)
     shift; shapes=("$@"); [ ${#shapes[@]} -eq 0 ] && shapes=(qwen3-0.6b tiny-moe)

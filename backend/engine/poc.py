@@ -113,28 +113,31 @@ class PocRunner:
         return _artifacts(next(r for r in results if r is not None)), len(batch.nonces)
 
     def launch(self, job: ArtifactJob, nonces: list[int], is_chat_running: bool, budget_s: float,
-               owner: Any = None) -> int:
+               owner: Any = None, paced: bool = False) -> int:
         """Starts one forward over a prefix of `nonces` (as `run`) beside chat's steps and returns how many it
         took: the workers queue its first decoder layers in `budget_s` of host time, `poll` the rest and then
         collects it, handing back `owner` with its artifacts. Its blocks stay leased until then, whatever
         `release` is asked. Beside running chat the forward takes only PoC's share of the device
-        (backend/engine/pocworker/streams.py). While `can_launch`, a second may be launched behind the first: it
-        runs after it, so the device never waits for the engine thread to collect one forward and launch the
-        next."""
+        (backend/engine/pocworker/streams.py); `paced`, launched with chat idle, it runs on every SM no further
+        ahead of the GPU than a request may wait for, until chat runs (backend/engine/pocworker/pacing.py). While
+        `can_launch`, a second may be launched behind the first: it runs after it, so the device never waits for
+        the engine thread to collect one forward and launch the next."""
         assert self.can_launch, f"{len(self._in_flight)} PoC forwards in flight, the newest not wholly queued"
         batch = self._lease_for(job, nonces)
-        results = self._call("poc_launch", batch, is_chat_running, budget_s)
+        results = self._call("poc_launch", batch, is_chat_running, budget_s, paced)
         self._in_flight.append(Flight(owner, len(batch.nonces)))
         self._is_queued = all(results)
         return len(batch.nonces)
 
-    def poll(self, wait: bool = False, budget_s: float = float("inf")) -> tuple[Flight, list[tuple[int, str]]] | None:
-        """Queues more of the newest forward launched (for `budget_s`), then (the oldest one, its artifacts) once
-        it has finished (queueing all and blocking if `wait`), None before. A failure drops every forward in
-        flight, as the workers drop theirs: ForwardsLost names them."""
+    def poll(self, wait: bool = False, budget_s: float = float("inf"),
+             is_chat_running: bool = False) -> tuple[Flight, list[tuple[int, str]]] | None:
+        """Queues more of the newest forward launched (for `budget_s`; a paced one moves onto PoC's SMs once
+        `is_chat_running`), then (the oldest one, its artifacts) once it has finished (queueing all and blocking
+        if `wait`), None before. A failure drops every forward in flight, as the workers drop theirs: ForwardsLost
+        names them."""
         assert self._in_flight, "no PoC forward in flight"
         try:
-            results = self._call("poc_poll", wait, budget_s)
+            results = self._call("poc_poll", wait, budget_s, is_chat_running)
         except Exception as e:
             raise ForwardsLost(self._drop_in_flight(), e) from e
         except BaseException:

@@ -182,14 +182,15 @@ class ArtifactQueue:
         return not self.is_blocked and self._runner.can_launch and self._pick() is not None
 
     def launch_batch(self, is_chat_running: bool, budget_s: float, limit: int | None = None,
-                     timed: bool = False) -> None:
+                     timed: bool = False, paced: bool = False) -> None:
         """Starts a forward of the next task (at most `limit` nonces) beside chat's steps, queueing what `budget_s`
         of host time allows; `poll_batch` queues the rest and finishes it. `timed`: the forward runs only inside
-        these calls (a parked one, time-sliced), so their time is its cost."""
+        these calls (a parked one, time-sliced), so their time is its cost. `paced`: see PocRunner.launch."""
         is_job, task, batch = self._take(limit)
         started = self._clock()
         try:
-            num_run = self._runner.launch(task.job, batch, is_chat_running, budget_s, owner=(is_job, task))
+            num_run = self._runner.launch(task.job, batch, is_chat_running, budget_s, owner=(is_job, task),
+                                          paced=paced)
         except NoFreeBlocks as e:
             self._wait_for_blocks(e)
             return
@@ -199,12 +200,13 @@ class ArtifactQueue:
         task.launched += num_run
         self._timed_s = self._clock() - started if timed else None
 
-    def poll_batch(self, wait: bool = False, budget_s: float = float("inf"), timed: bool = False) -> None:
+    def poll_batch(self, wait: bool = False, budget_s: float = float("inf"), timed: bool = False,
+                   is_chat_running: bool = False) -> None:
         """Queues more of the newest forward launched, and finishes the oldest if it is done (or once it is, with
         `wait`). A failure fails the oldest's task; the nonces of the others in flight are run again."""
         started = self._clock()
         try:
-            polled = self._runner.poll(wait, budget_s)
+            polled = self._runner.poll(wait, budget_s, is_chat_running=is_chat_running)
         except ForwardsLost as lost:
             for flight in lost.flights:
                 _, other = flight.owner

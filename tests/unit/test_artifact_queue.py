@@ -181,7 +181,7 @@ class LaunchingRunner(FakeRunner):
         return len(self.in_flight) < 2
 
     def launch(self, job: ArtifactJob, nonces: list[int], is_chat_running: bool, budget_s: float,
-               owner=None) -> int:
+               owner=None, paced: bool = False) -> int:
         if self.blocked:
             raise NoFreeBlocks("all blocks in use")
         assert self.can_launch
@@ -189,7 +189,7 @@ class LaunchingRunner(FakeRunner):
         self._flights.append(Flight(owner, len(nonces)))
         return len(nonces)
 
-    def poll(self, wait: bool = False, budget_s: float = 0.0):
+    def poll(self, wait: bool = False, budget_s: float = 0.0, is_chat_running: bool = False):
         assert self.in_flight
         if not (self.finished or wait):
             return None
@@ -445,9 +445,9 @@ class ChunkedRunner(LaunchingRunner):
         self.clock.now += self.CHUNK_S
         return super().launch(*args, **kw)
 
-    def poll(self, wait: bool = False, budget_s: float = 0.0):
+    def poll(self, wait: bool = False, budget_s: float = 0.0, is_chat_running: bool = False):
         self.clock.now += self.CHUNK_S
-        return super().poll(wait, budget_s)
+        return super().poll(wait, budget_s, is_chat_running)
 
 
 def _chunked(num_nonces: int) -> tuple[FakeClock, ChunkedRunner, ArtifactQueue, ArtifactTask, Done]:

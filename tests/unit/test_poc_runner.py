@@ -39,11 +39,12 @@ class FakeCore:
             batch = args[0]
             self.forwards.append(list(batch.block_ids))
             self.launched.append(list(batch.nonces))
-            self.launch_flags = tuple(args[1:])  # (is_chat_running, budget_s)
+            self.launch_flags = tuple(args[1:])  # (is_chat_running, budget_s, paced)
             return [self.is_queued]
         if method == "poc_poll":
             if self.fail:
                 raise RuntimeError("worker failed")
+            self.poll_flags = tuple(args)  # (wait, budget_s, is_chat_running)
             if not (self.finished or args[0]):
                 return [(False, None, self.is_queued)]
             nonces = self.launched.popleft()
@@ -119,16 +120,20 @@ def test_a_launched_forward_keeps_its_blocks_until_polled_back():
     assert core.pool.get_num_free_blocks() == free
 
 
-def test_a_launch_tells_the_workers_whether_chat_runs():
-    """The workers choose the stream (and the SMs) from it."""
+def test_a_launch_and_a_poll_tell_the_workers_whether_chat_runs():
+    """The workers choose the stream (and the SMs) from it, and whether a forward is paced; a poll moves a paced one
+    onto PoC's SMs once chat runs."""
     core = FakeCore(num_blocks=65)
     runner = PocRunner(core, max_num_seqs=8, max_batch_tokens=8 * SEQ_LEN)
-    runner.launch(job(4), list(range(4)), is_chat_running=False, budget_s=float("inf"))
-    assert core.launch_flags == (False, float("inf"))
+    runner.launch(job(4), list(range(4)), is_chat_running=False, budget_s=float("inf"), paced=True)
+    assert core.launch_flags == (False, float("inf"), True)
+    assert runner.poll(is_chat_running=True) is None
+    assert core.poll_flags == (False, float("inf"), True)
     core.finished = True
     runner.poll()
+    assert core.poll_flags == (False, float("inf"), False)
     runner.launch(job(4), list(range(4)), is_chat_running=True, budget_s=0.001)
-    assert core.launch_flags == (True, 0.001)
+    assert core.launch_flags == (True, 0.001, False)
 
 
 def test_a_second_forward_runs_behind_the_first_on_its_blocks_and_they_come_back_in_order():

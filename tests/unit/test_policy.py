@@ -259,3 +259,26 @@ OVERLAPPED = [
 def test_policy_choose_overlapped_follows_decision_table(snapshot, expected, why):
     work = policy.choose_overlapped(snapshot)
     assert (work.launch_poc, work.step_chat) == expected, why
+
+
+# Whether the forward launched is paced (backend/engine/pocworker/pacing.py): chat idle but likely to come back.
+PACED = [
+    (S(has_engine_work=False, has_poc_work=True, is_chat_quiet=False), True,
+     "chat idle, ran within CHAT_QUIET_S: paced, a burst may come"),
+    (S(has_engine_work=False, has_poc_work=True), False, "chat quiet for long (mining alone): whole, graphs"),
+    (S(has_engine_work=False, has_poc_work=True, is_chat_quiet=False, is_chat_recent=True), False,
+     "chat in its linger: launched beside chat already, nothing to pace"),
+    (S(has_engine_work=True, has_poc_work=True, is_chat_quiet=False, is_chat_recent=True), False,
+     "chat running: beside it on PoC's SMs"),
+    (S(has_engine_work=False, has_poc_work=True, is_chat_quiet=False, is_chat_gated=True), False,
+     "chat gated (exclusive round): no request can come, whole"),
+    (S(has_engine_work=False, has_poc_work=True, is_chat_quiet=False, is_poc_in_flight=True, has_poc_slot=True), True,
+     "the next forward behind a paced one: paced too"),
+    (S(has_engine_work=False, has_poc_work=True, is_chat_quiet=False, is_poc_in_flight=True, has_poc_slot=False), False,
+     "no launch, nothing paced"),
+]
+
+
+@pytest.mark.parametrize("snapshot,paced,why", PACED, ids=[row[2] for row in PACED])
+def test_policy_paces_a_forward_launched_while_chat_is_idle_but_recent(snapshot, paced, why):
+    assert policy.choose_overlapped(snapshot).paced == paced, why

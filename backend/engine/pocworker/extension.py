@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from backend.engine import compat
-from backend.engine.pocworker import forward, graphs, streams
+from backend.engine.pocworker import forward, graphs, pacing, streams
 from backend.engine.pocworker.hooks import decoder_layers, find_layers, own_layers, reflect_output, reflection_hooks
 from poc.artifacts import compute_artifacts
 from poc.rng import householder_vectors, input_embeddings
@@ -47,6 +47,8 @@ class PocWorkerExtension:
     _poc_streams: Any = None
     # Set with the streams unless POCSERVE_POC_GRAPHS=0: the captured forwards (graphs.py).
     _poc_graphs: graphs.PocGraphs | None = None
+    # Set with the streams: how far forwards launched paced run ahead (pacing.py).
+    _poc_pacer: pacing.Pacer | None = None
 
     @property
     def _poc_in_flight(self) -> deque[_InFlight]:
@@ -125,17 +127,20 @@ class PocWorkerExtension:
         if device.type != "cuda":
             return None
         self._poc_streams = streams.prepare(device, chat_share)
+        self._poc_pacer = pacing.Pacer(lambda: torch.cuda.Event(enable_timing=True))
         if graphs.enabled():
             self._poc_graphs = graphs.PocGraphs()
         return {**self._poc_streams.description, "graphs": graphs.enabled()}
 
     @torch.inference_mode()
-    def poc_launch(self, batch: ForwardBatch, is_chat_running: bool, budget_s: float) -> bool:
+    def poc_launch(self, batch: ForwardBatch, is_chat_running: bool, budget_s: float, paced: bool = False) -> bool:
         """Starts queueing one forward (poc_artifacts'): as many decoder layers as `budget_s` of host
         time allows, the rest in poc_poll calls, which also collect it. Beside running chat it takes only PoC's
         share of the SMs (streams.py); a shape's forwards after its first are replayed from a CUDA graph where
-        one can be made (graphs.py). It may be launched while the previous forward runs, once that one is
-        wholly queued: it runs after it, on the same blocks. Returns whether it is wholly queued."""
+        one can be made (graphs.py). `paced` (chat idle, but likely to come): eager layers on every SM, never more
+        than pacing.AHEAD_S ahead of the GPU, and moved onto PoC's SMs once chat runs (pacing.py). It may be
+        launched while the previous forward runs, once that one is wholly queued: it runs after it, on the same
+        blocks. Returns whether it is wholly queued."""
         if self._poc_in_flight and not self._poc_in_flight[-1].forward.is_queued:
             raise RuntimeError("the PoC forward in flight is not wholly queued yet")
         if not forward.is_first_stage():
@@ -156,6 +161,9 @@ class PocWorkerExtension:
             # far (async scheduling runs one step ahead): the forward starts after them.
             stream.wait_stream(torch.cuda.current_stream(device))
         block_ids = list(batch.block_ids)
+        shape = (len(batch.nonces), batch.spec.seq_len)
+        paced = (paced and stream is not None and not is_chat_running and self._poc_pacer is not None
+                 and self._poc_pacer.is_worth_pacing(shape, len(own_layers(self.model_runner.get_model()))))
         with self._on_poc_stream(stream, carveout):
             vectors = self._poc_vectors(device, batch.spec.block_hash)
 
@@ -163,7 +171,7 @@ class PocWorkerExtension:
                 return self._poc_embeddings(device, batch, out)
 
             fwd: Any = None
-            if self._poc_graphs is not None:
+            if self._poc_graphs is not None and not paced:
                 # A graph replays on the stream (and SMs) it was captured on.
                 key = ("alone" if stream is self._poc_streams.alone else "beside", len(batch.nonces),
                        batch.spec.seq_len)
@@ -171,19 +179,24 @@ class PocWorkerExtension:
             if fwd is None:
                 fwd = forward.LayerwiseForward(self.model_runner, self.vllm_config, self.model_runner.get_model(),
                                                block_ids, fill_inputs(), vectors, reflect_output)
-        f = _InFlight(fwd, stream, carveout, batch)
+        f = _InFlight(fwd, stream, carveout, batch, paced=paced)
         self._poc_in_flight.append(f)
         return self._poc_advance(f, budget_s)
 
     @torch.inference_mode()
-    def poc_poll(self, wait: bool, budget_s: float) -> tuple[bool, list[tuple[int, str]] | None, bool]:
-        """Queues more of the newest forward launched (up to `budget_s` of host time; all of it if `wait`), then
-        (finished, the oldest one's artifacts once it has finished, whether the newest is wholly queued); with
-        `wait`, blocks until the oldest has finished. A failure drops every forward in flight."""
+    def poc_poll(self, wait: bool, budget_s: float,
+                 is_chat_running: bool = False) -> tuple[bool, list[tuple[int, str]] | None, bool]:
+        """Queues more of the newest forward launched (up to `budget_s` of host time; all of it if `wait`; a paced
+        one as far as its pacing allows, and on PoC's SMs from now if chat runs), then (finished, the oldest one's
+        artifacts once it has finished, whether the newest is wholly queued); with `wait`, blocks until the oldest
+        has finished. A failure drops every forward in flight."""
         if not self._poc_in_flight:
             raise RuntimeError("no PoC forward in flight")
         try:
-            is_queued = self._poc_advance(self._poc_in_flight[-1], float("inf") if wait else budget_s)
+            newest = self._poc_in_flight[-1]
+            if newest.paced and (wait or is_chat_running):
+                self._unpace(newest, to_beside=is_chat_running)
+            is_queued = self._poc_advance(newest, float("inf") if wait else budget_s)
             f = self._poc_in_flight[0]
             if not f.forward.is_queued or (f.done is not None and not wait and not f.done.query()):
                 return False, None, is_queued
@@ -194,6 +207,8 @@ class PocWorkerExtension:
             return True, artifacts, is_queued
         except BaseException:
             self._poc_in_flight.clear()  # the engine thread fails the oldest's task and runs the others again
+            if self._poc_pacer is not None:
+                self._poc_pacer.clear()
             raise
 
     def _poc_advance(self, f: _InFlight, budget_s: float) -> bool:
@@ -202,7 +217,7 @@ class PocWorkerExtension:
         if not f.forward.is_queued:
             try:
                 with self._on_poc_stream(f.stream, f.carveout):
-                    if not f.forward.advance(budget_s):
+                    if not (self._advance_paced(f) if f.paced else f.forward.advance(budget_s)):
                         return False
             except BaseException:
                 self._poc_in_flight.remove(f)  # the engine thread fails its task
@@ -213,6 +228,25 @@ class PocWorkerExtension:
             f.done = torch.cuda.Event()
             f.done.record(f.stream)
         return True
+
+    def _advance_paced(self, f: _InFlight) -> bool:
+        """Queues the layers of paced forward `f` its pacing allows now; True once all are queued."""
+        assert self._poc_pacer is not None
+        shape = (len(f.batch.nonces), f.batch.spec.seq_len)
+        before = f.forward.layers_left
+        is_queued = f.forward.advance(float("inf"), max_layers=self._poc_pacer.layers_to_queue(shape))
+        self._poc_pacer.queued(shape, before - (0 if is_queued else f.forward.layers_left), f.stream)
+        return is_queued
+
+    def _unpace(self, f: _InFlight, to_beside: bool) -> None:
+        """Paced forward `f` is queued as any other from now: its remaining layers beside chat, on PoC's SMs, if
+        `to_beside` (after its layers queued so far, whose activations they read)."""
+        f.paced = False
+        beside = self._poc_streams.beside
+        if to_beside and beside is not f.stream:
+            beside.wait_stream(f.stream)
+            f.forward.record_stream(beside)
+            f.stream, f.carveout = beside, self._poc_streams.carveout
 
     def _collecting(self, f: _InFlight):
         """Where f's artifacts are computed: after f, not on its stream, where the next forward may be queued (their
@@ -252,6 +286,7 @@ class _InFlight:
     carveout: int
     batch: ForwardBatch
     done: Any = None  # the CUDA event recorded after its last kernel
+    paced: bool = False  # queued no further ahead of the GPU than pacing.AHEAD_S, on every SM, until chat runs
 
 
 def _artifacts(hidden: torch.Tensor, batch: ForwardBatch) -> list[tuple[int, str]]:

@@ -109,20 +109,28 @@ class LayerwiseForward:
     def is_queued(self) -> bool:
         return self.last_hidden is not None
 
-    def advance(self, budget_s: float) -> bool:
-        """Queues decoder layers within `budget_s` of host time (at least one): the next layer is left for the
-        next call when, taking as long as the last, it would end past the budget (on the CPU engine a layer's host
-        time is its compute, and a chunk that overran by a layer doubled a waiting request's wait). True once all
-        are queued."""
+    @property
+    def layers_left(self) -> int:
+        """Decoder layers not queued yet."""
+        return self._end - self._next
+
+    def advance(self, budget_s: float, max_layers: int | None = None) -> bool:
+        """Queues decoder layers within `budget_s` of host time (at least one) and at most `max_layers` (0: none):
+        the next layer is left for the next call when, taking as long as the last, it would end past the budget (on
+        the CPU engine a layer's host time is its compute, and a chunk that overran by a layer doubled a waiting
+        request's wait). True once all are queued."""
         if self.is_queued:
             return True
+        if max_layers is not None and max_layers <= 0:
+            return False
+        last = self._end if max_layers is None else min(self._end, self._next + max_layers)
         started = time.perf_counter()
         with _forward_context(self._cfg, self.prefill.attn_metadata, self.prefill.slot_mappings, self._hidden.shape[0]):
             if type(self._stack).__name__ not in LAYERWISE_MODELS:
                 self._whole()
                 return True
             layers = self._stack.layers
-            while self._next < self._end:
+            while self._next < last:
                 i, layer_started = self._next, time.perf_counter()
                 out = layers[i](self.prefill.positions, self._hidden, self._residual)
                 self._hidden, self._residual = self._reflect(self._vectors[i])(layers[i], None, out)
@@ -134,6 +142,13 @@ class LayerwiseForward:
                 hidden, _ = self._stack.norm(self._hidden, self._residual)
                 self._done(hidden)
         return self.is_queued
+
+    def record_stream(self, stream) -> None:
+        """Its remaining layers go on `stream`: the activations made on the stream it ran on so far must not be
+        reused there before `stream`'s work reads them (torch's caching allocator frees per stream)."""
+        for t in (self._hidden, self._residual):
+            if t is not None:
+                t.record_stream(stream)
 
     def _whole(self) -> None:
         with reflection_hooks(self._model, self._vectors):

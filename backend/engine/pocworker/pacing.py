@@ -1,0 +1,85 @@
+"""Paced PoC forwards: how much of a forward started while chat is idle may be queued ahead on every SM.
+
+A forward launched while chat is idle runs on every SM (streams.py), and its kernels are persistent: a chat request
+that arrives meanwhile gets SMs only as each PoC kernel ends, so its prefill waited for whatever PoC had queued,
+up to two whole forwards (~85 ms each at 32 x 1024 on an H200, 0.6B shape: TTFT p50 28 → 123 ms in 16-stream
+bursts, docs/benchmarks.md). A paced forward is queued a few decoder layers at a time, never more than AHEAD_S of
+device work ahead of the GPU (by the layer time measured on the forwards' own events); the moment chat arrives, the
+rest of it moves onto PoC's share of the SMs (extension.py `_unpace`). So a request waits for AHEAD_S at most.
+
+Pacing costs host time (eager layers, no CUDA graph), so a forward whose whole device time is within AHEAD_S is
+not paced: it cannot hold a request longer than the bound anyway.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+# Device work a paced forward keeps queued ahead: the longest a request arriving while chat was idle waits for it.
+# Above the engine thread's poll interval (1 ms) plus a layer's host time (~0.5 ms eager), so the GPU never waits
+# for the next layer.
+AHEAD_S = 0.005
+# Layers queued ahead before a shape's layer time is known.
+FIRST_AHEAD_LAYERS = 2
+# Weight of each new measurement in a shape's layer time.
+_SMOOTHING = 0.3
+
+
+@dataclass
+class _Chunk:
+    key: Hashable  # the forward's shape
+    layers: int
+    event: Any  # a timing CUDA event recorded after the chunk's last kernel
+    # The chunk was queued while the one before it still ran: the time between their events is this chunk's own.
+    back_to_back: bool
+
+
+class Pacer:
+    """One worker's paced chunks in flight (oldest first) and the layer time of each forward shape."""
+
+    def __init__(self, new_event: Callable[[], Any], ahead_s: float = AHEAD_S) -> None:
+        self._new_event = new_event
+        self.ahead_s = ahead_s
+        self._pending: deque[_Chunk] = deque()
+        self._last_done: _Chunk | None = None
+        self.layer_s: dict[Hashable, float] = {}
+
+    def is_worth_pacing(self, key: Hashable, num_layers: int) -> bool:
+        """A forward of this shape is paced: its shape's time is unknown yet, or longer than the bound."""
+        layer_s = self.layer_s.get(key)
+        return layer_s is None or layer_s * num_layers > self.ahead_s
+
+    def layers_to_queue(self, key: Hashable) -> int:
+        """Layers of a forward of shape `key` that may be queued now (0: the GPU has enough ahead)."""
+        self._retire()
+        layer_s = self.layer_s.get(key)
+        ahead = FIRST_AHEAD_LAYERS if layer_s is None else max(1, math.ceil(self.ahead_s / layer_s))
+        return max(0, ahead - sum(c.layers for c in self._pending))
+
+    def queued(self, key: Hashable, layers: int, stream) -> None:
+        """`layers` more layers of a forward of shape `key` were queued on `stream`."""
+        if layers <= 0:
+            return
+        back_to_back = bool(self._pending) and not self._pending[-1].event.query()
+        event = self._new_event()
+        event.record(stream)
+        self._pending.append(_Chunk(key, layers, event, back_to_back))
+
+    def clear(self) -> None:
+        """Forgets the chunks in flight (the forwards were dropped after a failure)."""
+        self._pending.clear()
+        self._last_done = None
+
+    def _retire(self) -> None:
+        while self._pending and self._pending[0].event.query():
+            chunk = self._pending.popleft()
+            before = self._last_done
+            if chunk.back_to_back and before is not None and before.key == chunk.key:
+                seconds = before.event.elapsed_time(chunk.event) / 1000 / chunk.layers
+                old = self.layer_s.get(chunk.key)
+                self.layer_s[chunk.key] = seconds if old is None else old + _SMOOTHING * (seconds - old)
+            self._last_done = chunk
