@@ -243,7 +243,7 @@ class PocWorkerExtension:
         `to_beside` (after its layers queued so far, whose activations they read)."""
         f.paced = False
         beside = self._poc_streams.beside
-        if to_beside and beside is not f.stream:
+        if to_beside and beside is not f.stream and not f.forward.is_queued:
             beside.wait_stream(f.stream)
             f.forward.record_stream(beside)
             f.stream, f.carveout = beside, self._poc_streams.carveout
