@@ -108,6 +108,13 @@ class EnforcedTokens(_Strict):
     tokens: list[EnforcedTokenItem]
 
 
+# `stop` as the schema states it: one string or up to 16, none empty. stop_list below refuses the rest with one
+# clear message (constraints on the union's members would report the member that failed, e.g. "should be a valid
+# string" for [""]), so the bounds are stated here for the schema only.
+_StopString = Annotated[Text, Field(json_schema_extra={"minLength": 1})]
+Stop = _StopString | Annotated[list[_StopString], Field(json_schema_extra={"maxItems": 16})] | None
+
+
 def stop_list(v: str | list[str] | None) -> list[str]:
     """`stop` as a list (vLLM's limit: up to 16 non-empty strings); chat, completions and responses share it."""
     if v is None:
@@ -133,7 +140,7 @@ class _Sampling(_Strict):
     # Bounded above only by finiteness: JSON bodies may carry Infinity, which vLLM refuses.
     repetition_penalty: float = Field(1.0, gt=0.0, allow_inf_nan=False)
     seed: int | None = Field(None, ge=-(2**63), lt=2**63)
-    stop: Text | list[Text] | None = None
+    stop: Stop = None
     stop_token_ids: list[TokenId] = []
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0, le=INT64_MAX)
@@ -161,7 +168,9 @@ class ChatCompletionRequest(_Sampling):
     enforced_str: Text | None = None
     # The schema says what the validator below refuses (an empty array), as OpenAI's API does.
     tools: list[ToolParam] | None = Field(None, json_schema_extra={"minItems": 1})
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(None, description=(
+        "A named function must be one of `tools`, and any choice but \"none\" needs `tools`: a 400 naming "
+        "`tool_choice` otherwise (a rule across fields, which the schema does not state)."))
     parallel_tool_calls: bool | None = None
 
     @field_validator("tools")
@@ -212,8 +221,10 @@ class TokenizeRequest(_Strict):
     """vllm serve's /tokenize: a prompt, or chat messages rendered with the chat template (exactly one)."""
 
     model: Text | None = None
-    prompt: Text | None = None
-    messages: list[Message] | None = None
+    prompt: Text | None = Field(None, description="Exactly one of `prompt` and `messages` (a 400 otherwise).")
+    # The chat template needs a message: an empty list is refused here, naming the field, as the schema says.
+    messages: Annotated[list[Message], Field(min_length=1)] | None = Field(
+        None, description="Exactly one of `prompt` and `messages` (a 400 otherwise).")
     tools: list[ToolParam] | None = None
     # vllm serve's defaults: True for a prompt, False for messages (the chat template adds what the model needs).
     add_special_tokens: bool | None = None
@@ -224,4 +235,6 @@ class TokenizeRequest(_Strict):
 
 class DetokenizeRequest(_Strict):
     model: Text | None = None
-    tokens: list[TokenId]
+    tokens: list[TokenId] = Field(description=(
+        "Token ids below the served model's vocabulary size: a larger id is a 400 naming it (`tokens.<i>`); the "
+        "bound depends on the model, so the schema does not state it."))

@@ -7,8 +7,8 @@ whether the validation nonces match). Shapes and defaults are the fork's (tests/
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -29,6 +29,34 @@ Index = Annotated[int, Field(ge=0, lt=2**63)]
 # Thresholds: finite, never negative (NaN would make every comparison false and pass everything).
 Threshold = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+
+# A callback base URL, as the schema states it and the validator applies it (the same pattern, so that what the
+# schema calls valid is accepted): http or https (any case), optional userinfo, a host name (RFC 3986 reg-name
+# characters) or a bracketed IPv6 address, an optional port up to 65535, then printable ASCII (no spaces or
+# control characters). Every URL it matches also passes urlsplit's parsing, hostname and port checks
+# (tests/unit/test_frontend_stated_rules.py draws them with hypothesis).
+_H16 = "[0-9A-Fa-f]{1,4}"
+_OCTET = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_LS32 = rf"({_H16}:{_H16}|{_OCTET}(\.{_OCTET}){{3}})"
+_IPV6 = "|".join([  # RFC 3986's IPv6address, no zone id
+    f"({_H16}:){{6}}{_LS32}",
+    f"::({_H16}:){{5}}{_LS32}",
+    f"({_H16})?::({_H16}:){{4}}{_LS32}",
+    f"(({_H16}:)?{_H16})?::({_H16}:){{3}}{_LS32}",
+    f"(({_H16}:){{0,2}}{_H16})?::({_H16}:){{2}}{_LS32}",
+    f"(({_H16}:){{0,3}}{_H16})?::{_H16}:{_LS32}",
+    f"(({_H16}:){{0,4}}{_H16})?::{_LS32}",
+    f"(({_H16}:){{0,5}}{_H16})?::{_H16}",
+    f"(({_H16}:){{0,6}}{_H16})?::",
+])
+_PORT = "0*([0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+CALLBACK_URL_PATTERN = (r"^[Hh][Tt][Tt][Pp][Ss]?://([-A-Za-z0-9._~!$&'()*+,;=%:]*@)?"
+                        rf"([-A-Za-z0-9._~!$&'()*+,;=%]+|\[({_IPV6})\])(:({_PORT})?)?([/?#][!-~]*)?$")
+_CALLBACK_URL = re.compile(CALLBACK_URL_PATTERN)
+CallbackUrl = Annotated[Text, Field(
+    description="Callback base URL: http:// or https://, a host name or bracketed IPv6 address, an optional port "
+                "(0-65535), then printable ASCII without spaces. Left out or null: no callbacks.",
+    json_schema_extra={"pattern": CALLBACK_URL_PATTERN})]
 
 
 class PoCParamsModel(BaseModel):
@@ -58,22 +86,16 @@ class _NodeBody(BaseModel):
     # None: the backend's batch_size_default setting (POC_BATCH_SIZE_DEFAULT) applies.
     batch_size: Count | None = None
     # Callback base URL; None: nothing is delivered.
-    url: Text | None = None
+    url: CallbackUrl | None = None
     # Top level, not inside params (params forbids extra keys).
     poc_stronger_rng: bool = False
 
     @field_validator("url")
     @classmethod
     def _http_url(cls, url: str | None) -> str | None:
-        if url is None:
-            return None
-        parts = urlsplit(url)
-        if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-            raise ValueError("must be an http:// or https:// URL")
-        try:
-            parts.port  # noqa: B018  (parsed on access: a port past 65535, or not a number, raises)
-        except ValueError as e:
-            raise ValueError(f"must be an http:// or https:// URL with a valid port: {e}") from None
+        if url is not None and not _CALLBACK_URL.search(url):
+            raise ValueError("must be an http:// or https:// URL: a host name or [IPv6] address, an optional port "
+                             "up to 65535, then printable ASCII without spaces")
         return url
 
     def node(self) -> NodeIdentity:
@@ -119,8 +141,13 @@ class StatTestModel(BaseModel):
 
     dist_threshold: Threshold | None = None
     p_mismatch: Probability | None = None
-    fraud_threshold: Probability | None = None
-    p_value_threshold: Probability | None = None
+    # A rule across the two fields, which JSON Schema cannot state simply: the descriptions say it.
+    fraud_threshold: Probability | None = Field(None, description=(
+        "The same setting as `p_value_threshold` under the fork's name: send one of them, or both equal (a 400 "
+        "naming `stat_test` if both are sent and differ)."))
+    p_value_threshold: Probability | None = Field(None, description=(
+        "The same setting as `fraud_threshold` under the network client's name: send one of them, or both equal "
+        "(a 400 naming `stat_test` if both are sent and differ)."))
 
     @model_validator(mode="after")
     def _one_threshold(self) -> StatTestModel:

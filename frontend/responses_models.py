@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from frontend.fields import Text
-from frontend.openai_models import INT64_MAX, stop_list
+from frontend.openai_models import INT64_MAX, Stop, stop_list
 
 
 def _encodable(value: dict[str, Any]) -> dict[str, Any]:
@@ -151,7 +151,8 @@ class ResponsesRequest(_Strict):
     # vLLM's names and defaults; checks it makes after validation (tool_choice, background, ...) are in
     # frontend/responses_convert.py.
     model: Text | None = None
-    input: list[InputItem] | Text
+    # An empty list is refused by _some_input (its message); the schema states it.
+    input: Annotated[list[InputItem], Field(json_schema_extra={"minItems": 1})] | Text
     instructions: Text | None = None
     max_output_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
     max_tool_calls: int | None = Field(None, ge=0, le=INT64_MAX)
@@ -171,7 +172,9 @@ class ResponsesRequest(_Strict):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1, le=INT64_MAX)
     text: TextConfig | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice = "auto"
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice = Field("auto", description=(
+        "A named function must be one of `tools`, and \"required\" needs `tools`: a 400 naming `tool_choice` "
+        "otherwise (a rule across fields, which the schema does not state)."))
     tools: list[FunctionTool] = []
     top_logprobs: int | None = Field(0, ge=0, le=20)
     truncation: Literal["auto", "disabled"] | None = "disabled"
@@ -188,7 +191,7 @@ class ResponsesRequest(_Strict):
     priority: int = Field(0, ge=-(2**63), lt=2**63)
     repetition_penalty: float | None = Field(None, gt=0.0, allow_inf_nan=False)
     seed: int | None = Field(None, ge=-(2**63), lt=2**63)
-    stop: Text | list[Text] | None = None
+    stop: Stop = None
     ignore_eos: bool = False
 
     @field_validator("stop")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
 
 import msgspec
 from fastapi import APIRouter, Request
@@ -141,16 +142,23 @@ def _error_event(events: ResponseEvents, e: BackendUnavailable | BackendRequestE
                         param=_PARAMS.get(body["param"] or "", body["param"]))
 
 
+# vLLM's answer without VLLM_ENABLE_RESPONSES_API_STORE: it stores nothing, so every id is unknown, those of
+# responses it has just answered included; its cancel route looks the id up first, so cancelling is a 404 as well.
+_NOT_STORED: dict[int | str, dict[str, Any]] = {404: {**errors(404)[404], "description": (
+    "Always: no response is stored (as by `vllm serve` without VLLM_ENABLE_RESPONSES_API_STORE), so no id is "
+    "found, not even one this server just answered, and there is nothing to cancel.")}}
+
+
 def _not_found(response_id: str) -> ApiError:
     return ApiError(404, f"Response with id '{response_id}' not found.", param="response_id",
                     type="invalid_request_error")
 
 
-@router.get("/v1/responses/{response_id}", responses=errors(404))
+@router.get("/v1/responses/{response_id}", responses=_NOT_STORED)
 async def retrieve_response(response_id: str):
     raise _not_found(response_id)
 
 
-@router.post("/v1/responses/{response_id}/cancel", responses=errors(404))
+@router.post("/v1/responses/{response_id}/cancel", responses=_NOT_STORED)
 async def cancel_response(response_id: str):
     raise _not_found(response_id)
