@@ -324,7 +324,7 @@ def bursts_part(model_dir: Path, args) -> dict:
                "poc_during_bursts_nonces_per_s": poc_during, "poc_ratio": poc_during / poc_alone,
                "ttft_p99_added_ms": during["ttft_p99_ms"] - idle["ttft_p99_ms"],
                "probes": len(probes), "probes_identical": sum(probe == probe_alone for probe in probes),
-               "probe_max_l2": max(vector_l2(a, b) for probe in probes for a, b in zip(probe, probe_alone, strict=True))}
+               "probe_max_l2": max(vector_l2(a, b) for p in probes for a, b in zip(p, probe_alone, strict=True))}
     for name, f in (("idle", idle), ("during the round", during)):
         print(f"bursts of {args.streams} {name}: TTFT p50/p99 {f['ttft_p50_ms']:.1f}/{f['ttft_p99_ms']:.1f} ms "
               f"({f['num_requests']} requests)", flush=True)

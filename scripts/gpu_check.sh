@@ -171,10 +171,14 @@ PY
       tag=$(basename "$(cd "$tree" && pwd)")-$share
       [ "$tree" != . ] && [ ! -e "$tree/models" ] && ln -s "$PWD/models" "$tree/models"
       echo "bursts $run" | tee -a "$out/bursts.txt"
+      rm -f /tmp/pocserve-bench-beside/backend-shared.log
       (cd "$tree" && PYTHONPATH=/tmp/site:$PWD python3 -m bench.beside_mining --part bursts --shape qwen3-0.6b \
         --seq-len 1024 --batch-size 32 --streams 16 --max-tokens 128 --chat-share "$share" \
-        --gpu-memory-utilization 0.5 --json "$abs_out/bursts-$tag.json") 2>&1 | quiet | tail -6 \
+        --gpu-memory-utilization 0.5 --json "$abs_out/bursts-$tag.json" ${BURSTS_ARGS:-}) 2>&1 | quiet | tail -6 \
         | tee -a "$out/bursts.txt" || echo "bursts run $run failed" | tee -a "$out/bursts.txt"
+      # With --backend-arg=--log-level --backend-arg=debug in BURSTS_ARGS: the paced forwards' layer time and dry count
+      grep -h "poc_paced" /tmp/pocserve-bench-beside/backend-shared.log 2>/dev/null \
+        | tail -3 | cut -c1-300 | tee -a "$out/bursts.txt" || true
     done
     ;;
   startup)  # startup [SHAPE...] (default: qwen3-0.6b tiny-moe)

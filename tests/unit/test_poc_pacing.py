@@ -142,10 +142,12 @@ def test_a_paced_forward_moves_onto_pocs_sms_when_chat_runs(monkeypatch):
     assert worker.poc_poll(wait=False, budget_s=float("inf")) == (False, None, False)
     assert forward.left == 26  # nothing more until the GPU has run some
     monkeypatch.setattr(torch.cuda, "Event", lambda **kw: _Done())
-    assert worker.poc_poll(wait=False, budget_s=0.0015, is_chat_running=True) == (False, None, True)
+    assert worker.poc_poll(wait=False, budget_s=0.0015, is_chat_running=True) == (False, None, False)
     assert not f.paced and f.stream is worker._poc_streams.beside and f.carveout == 84
     assert worker._poc_streams.beside.waited_for == [worker._poc_streams.alone]
-    assert forward.recorded_on == [worker._poc_streams.beside] and forward.max_layers[-1] is None
+    assert forward.recorded_on == [worker._poc_streams.beside] and forward.left == 26  # chat's step goes first
+    assert worker.poc_poll(wait=False, budget_s=0.0015, is_chat_running=True) == (False, None, True)
+    assert forward.max_layers[-1] is None
 
 
 class _Done:

@@ -21,6 +21,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
 import torch
 
 from backend.engine import compat
@@ -29,6 +30,8 @@ from backend.engine.pocworker.hooks import decoder_layers, find_layers, own_laye
 from poc.artifacts import compute_artifacts
 from poc.rng import householder_vectors, input_embeddings
 from poc.spec import ForwardBatch, PocSpec
+
+log = structlog.get_logger(__name__)
 
 
 def _sync(device: torch.device) -> None:
@@ -194,9 +197,14 @@ class PocWorkerExtension:
             raise RuntimeError("no PoC forward in flight")
         try:
             newest = self._poc_in_flight[-1]
-            if newest.paced and (wait or is_chat_running):
-                self._unpace(newest, to_beside=is_chat_running)
-            is_queued = self._poc_advance(newest, float("inf") if wait else budget_s)
+            if newest.paced and is_chat_running and not wait:
+                # Chat's first step is queued before any more of it: the request waits only for what was ahead.
+                self._unpace(newest, to_beside=True)
+                is_queued = newest.forward.is_queued
+            else:
+                if newest.paced and wait:
+                    self._unpace(newest, to_beside=False)
+                is_queued = self._poc_advance(newest, float("inf") if wait else budget_s)
             f = self._poc_in_flight[0]
             if not f.forward.is_queued or (f.done is not None and not wait and not f.done.query()):
                 return False, None, is_queued
@@ -231,11 +239,16 @@ class PocWorkerExtension:
 
     def _advance_paced(self, f: _InFlight) -> bool:
         """Queues the layers of paced forward `f` its pacing allows now; True once all are queued."""
-        assert self._poc_pacer is not None
+        pacer = self._poc_pacer
+        assert pacer is not None
         shape = (len(f.batch.nonces), f.batch.spec.seq_len)
         before = f.forward.layers_left
-        is_queued = f.forward.advance(float("inf"), max_layers=self._poc_pacer.layers_to_queue(shape))
-        self._poc_pacer.queued(shape, before - (0 if is_queued else f.forward.layers_left), f.stream)
+        is_queued = f.forward.advance(float("inf"), max_layers=pacer.layers_to_queue(shape))
+        pacer.queued(shape, before - (0 if is_queued else f.forward.layers_left), f.stream)
+        if is_queued:
+            layer_s = pacer.layer_s.get(shape)
+            log.debug("poc_paced", layer_ms=None if layer_s is None else round(layer_s * 1000, 3),
+                      dry=pacer.num_dry)
         return is_queued
 
     def _unpace(self, f: _InFlight, to_beside: bool) -> None:

@@ -14,15 +14,17 @@ not paced: it cannot hold a request longer than the bound anyway.
 from __future__ import annotations
 
 import math
+import os
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
 # Device work a paced forward keeps queued ahead: the longest a request arriving while chat was idle waits for it.
-# Above the engine thread's poll interval (1 ms) plus a layer's host time (~0.5 ms eager), so the GPU never waits
-# for the next layer.
-AHEAD_S = 0.005
+# Well above the engine thread's poll interval (1 ms) plus a layer's host time (~0.5 ms eager) and the collection of
+# the forward before (the host blocks on its artifacts), so the GPU never waits for the next layer.
+# POCSERVE_POC_PACED_AHEAD_MS sets it (benchmarks).
+AHEAD_S = float(os.environ.get("POCSERVE_POC_PACED_AHEAD_MS", "10")) / 1000
 # Layers queued ahead before a shape's layer time is known.
 FIRST_AHEAD_LAYERS = 2
 # Weight of each new measurement in a shape's layer time.
@@ -47,6 +49,8 @@ class Pacer:
         self._pending: deque[_Chunk] = deque()
         self._last_done: _Chunk | None = None
         self.layer_s: dict[Hashable, float] = {}
+        # Times a paced forward found nothing of PoC's queued on the GPU: it had run dry (a measure of pacing's cost).
+        self.num_dry = 0
 
     def is_worth_pacing(self, key: Hashable, num_layers: int) -> bool:
         """A forward of this shape is paced: its shape's time is unknown yet, or longer than the bound."""
@@ -58,6 +62,7 @@ class Pacer:
         self._retire()
         layer_s = self.layer_s.get(key)
         ahead = FIRST_AHEAD_LAYERS if layer_s is None else max(1, math.ceil(self.ahead_s / layer_s))
+        self.num_dry += not self._pending
         return max(0, ahead - sum(c.layers for c in self._pending))
 
     def queued(self, key: Hashable, layers: int, stream) -> None:
