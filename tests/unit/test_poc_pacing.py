@@ -136,9 +136,9 @@ def test_a_paced_forward_moves_onto_pocs_sms_when_chat_runs(monkeypatch):
     batch = ForwardBatch(PocSpec("h", "pk", SHAPE[1], k_dim=4), tuple(range(SHAPE[0])), (1,))
     f = _InFlight(forward, worker._poc_streams.alone, 0, batch, paced=True)
     worker._poc_in_flight.append(f)
-    layers[0] = pacing.FIRST_AHEAD_LAYERS  # what the pacer's next event records
+    layers[0] = 1  # what each of the pacer's events records: one layer
     assert worker.poc_poll(wait=False, budget_s=float("inf")) == (False, None, False)
-    assert forward.max_layers == [pacing.FIRST_AHEAD_LAYERS] and forward.left == 26
+    assert forward.max_layers == [1] * pacing.FIRST_AHEAD_LAYERS and forward.left == 26
     assert worker.poc_poll(wait=False, budget_s=float("inf")) == (False, None, False)
     assert forward.left == 26  # nothing more until the GPU has run some
     monkeypatch.setattr(torch.cuda, "Event", lambda **kw: _Done())

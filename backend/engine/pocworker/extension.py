@@ -242,9 +242,15 @@ class PocWorkerExtension:
         pacer = self._poc_pacer
         assert pacer is not None
         shape = (len(f.batch.nonces), f.batch.spec.seq_len)
-        before = f.forward.layers_left
-        is_queued = f.forward.advance(float("inf"), max_layers=pacer.layers_to_queue(shape))
-        pacer.queued(shape, before - (0 if is_queued else f.forward.layers_left), f.stream)
+        is_queued = False
+        # One layer per event: each layer that ends makes room for the next while the others still run (an event
+        # per chunk left the GPU dry from a chunk's end until the engine thread noticed it).
+        for _ in range(pacer.layers_to_queue(shape)):
+            before = f.forward.layers_left
+            is_queued = f.forward.advance(float("inf"), max_layers=1)
+            pacer.queued(shape, before - (0 if is_queued else f.forward.layers_left), f.stream)
+            if is_queued:
+                break
         if is_queued:
             layer_s = pacer.layer_s.get(shape)
             log.debug("poc_paced", layer_ms=None if layer_s is None else round(layer_s * 1000, 3),
