@@ -422,9 +422,13 @@ def test_haproxy_balances_scaled_replicas_and_streams() -> None:
     assert int(template[0].split()[2]) >= 4  # replica slots
     default = next(line for line in backend if line.startswith("default-server "))
     assert "resolvers docker" in default and "check" in default.split() and "init-addr none" in default
-    # Retry only what never reached a replica; streamed answers never time out in the middle of a long one.
+    # Retry what never reached a replica, and a GET/HEAD/OPTIONS a replica dropped unanswered (never a POST: it
+    # may have been taken); a connection per request to the replicas (no reuse of one a replica is closing);
+    # streamed answers never time out in the middle of a long one.
     d = s["defaults"]
-    assert "retry-on conn-failure" in d and "mode http" in d
+    assert "retry-on conn-failure empty-response" in d and "mode http" in d
+    assert "http-request disable-l7-retry if !METH_GET !METH_OPTIONS" in s["frontend http"]
+    assert "option http-server-close" in d and "option http-keep-alive" not in d
     assert "timeout server 3600s" in d and "timeout client 3600s" in d
     assert not any(line.startswith(("compression", "option http-buffer-request")) for line in d + backend)
 
