@@ -3,9 +3,12 @@
 A forward launched while chat is idle runs on every SM (streams.py), and its kernels are persistent: a chat request
 that arrives meanwhile gets SMs only as each PoC kernel ends, so its prefill waited for whatever PoC had queued,
 up to two whole forwards (~85 ms each at 32 x 1024 on an H200, 0.6B shape: TTFT p50 28 → 123 ms in 16-stream
-bursts, docs/benchmarks.md). A paced forward is queued a few decoder layers at a time, never more than AHEAD_S of
-device work ahead of the GPU (by the layer time measured on the forwards' own events); the moment chat arrives, the
-rest of it moves onto PoC's share of the SMs (extension.py `_unpace`). So a request waits for AHEAD_S at most.
+bursts, docs/benchmarks.md). A paced forward is queued a layer at a time, never more than AHEAD_S of device work
+ahead of the GPU (by the layer time measured on the forwards' own events, an event per layer); the moment chat
+arrives, chat's step is queued, and the rest of the forward goes onto PoC's share of the SMs (extension.py
+`_unpace`). So a request waits for about AHEAD_S (one layer at least) for PoC's work on every SM. Measured on an
+H200 with 16-stream bursts: TTFT p50 during a round 116 → 44-47 ms (idle 38-44), p99 +114 → +8/+25 ms over idle,
+PoC during the bursts 0.92-0.94x today's, artifacts bit-identical.
 
 Pacing costs host time (eager layers, no CUDA graph), so a forward whose whole device time is within AHEAD_S is
 not paced: it cannot hold a request longer than the bound anyway.
@@ -21,10 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 # Device work a paced forward keeps queued ahead: the longest a request arriving while chat was idle waits for it.
-# Well above the engine thread's poll interval (1 ms) plus a layer's host time (~0.5 ms eager) and the collection of
-# the forward before (the host blocks on its artifacts), so the GPU never waits for the next layer.
-# POCSERVE_POC_PACED_AHEAD_MS sets it (benchmarks).
-AHEAD_S = float(os.environ.get("POCSERVE_POC_PACED_AHEAD_MS", "10")) / 1000
+# Above the engine thread's poll interval (1 ms) plus a layer's host time (~0.5 ms eager), so the GPU seldom waits
+# for the next layer: on an H200 (0.6B shape, 32 x 1024, ~3 ms a layer) 5 ms kept PoC alone at 362-364 nonces/s
+# against 375 with whole graphs, and 10 ms at 372 with 16-stream bursts' TTFT p99 +43 ms in one of two runs
+# (docs/benchmarks.md). POCSERVE_POC_PACED_AHEAD_MS sets it (benchmarks).
+AHEAD_S = float(os.environ.get("POCSERVE_POC_PACED_AHEAD_MS", "5")) / 1000
 # Layers queued ahead before a shape's layer time is known.
 FIRST_AHEAD_LAYERS = 2
 # Weight of each new measurement in a shape's layer time.
