@@ -68,5 +68,5 @@ EXPOSE 5555
 HEALTHCHECK --interval=15s --timeout=10s --start-period=600s --retries=3 \
     CMD python -m backend.tools.probe --address "$POCSERVE_BACKEND_ADDRESS" --once --timeout-s 3 || exit 1
 
+# No `CMD []`: an ENTRYPOINT clears the base's CMD (and on vfs each instruction copies the image).
 ENTRYPOINT ["python", "-m", "backend"]
-CMD []
