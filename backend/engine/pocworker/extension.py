@@ -164,9 +164,8 @@ class PocWorkerExtension:
             # far (async scheduling runs one step ahead): the forward starts after them.
             stream.wait_stream(torch.cuda.current_stream(device))
         block_ids = list(batch.block_ids)
-        shape = (len(batch.nonces), batch.spec.seq_len)
         paced = (paced and stream is not None and not is_chat_running and self._poc_pacer is not None
-                 and self._poc_pacer.is_worth_pacing(shape, len(own_layers(self.model_runner.get_model()))))
+                 and self._poc_pacer.is_worth_pacing(_shape(batch), len(own_layers(self.model_runner.get_model()))))
         with self._on_poc_stream(stream, carveout):
             vectors = self._poc_vectors(device, batch.spec.block_hash)
 
@@ -176,8 +175,7 @@ class PocWorkerExtension:
             fwd: Any = None
             if self._poc_graphs is not None and not paced:
                 # A graph replays on the stream (and SMs) it was captured on.
-                key = ("alone" if stream is self._poc_streams.alone else "beside", len(batch.nonces),
-                       batch.spec.seq_len)
+                key = ("alone" if stream is self._poc_streams.alone else "beside", *_shape(batch))
                 fwd = self._poc_graphs.launch(key, self, block_ids, fill_inputs, vectors, reflect_output)
             if fwd is None:
                 fwd = forward.LayerwiseForward(self.model_runner, self.vllm_config, self.model_runner.get_model(),
@@ -197,14 +195,13 @@ class PocWorkerExtension:
             raise RuntimeError("no PoC forward in flight")
         try:
             newest = self._poc_in_flight[-1]
-            if newest.paced and is_chat_running and not wait:
-                # Chat's first step is queued before any more of it: the request waits only for what was ahead.
-                self._unpace(newest, to_beside=True)
-                is_queued = newest.forward.is_queued
-            else:
-                if newest.paced and wait:
-                    self._unpace(newest, to_beside=False)
-                is_queued = self._poc_advance(newest, float("inf") if wait else budget_s)
+            to_beside = newest.paced and is_chat_running and not wait
+            if newest.paced and (wait or to_beside):
+                self._unpace(newest, to_beside)
+            # Moved beside chat, it waits a turn: chat's first step is queued before any more of it, so the request
+            # waits only for what was ahead.
+            is_queued = newest.forward.is_queued if to_beside else self._poc_advance(
+                newest, float("inf") if wait else budget_s)
             f = self._poc_in_flight[0]
             if not f.forward.is_queued or (f.done is not None and not wait and not f.done.query()):
                 return False, None, is_queued
@@ -241,14 +238,14 @@ class PocWorkerExtension:
         """Queues the layers of paced forward `f` its pacing allows now; True once all are queued."""
         pacer = self._poc_pacer
         assert pacer is not None
-        shape = (len(f.batch.nonces), f.batch.spec.seq_len)
+        shape = _shape(f.batch)
         is_queued = False
         # One layer per event: each layer that ends makes room for the next while the others still run (an event
         # per chunk left the GPU dry from a chunk's end until the engine thread noticed it).
         for _ in range(pacer.layers_to_queue(shape)):
             before = f.forward.layers_left
             is_queued = f.forward.advance(float("inf"), max_layers=1)
-            pacer.queued(shape, before - (0 if is_queued else f.forward.layers_left), f.stream)
+            pacer.queued(shape, before - f.forward.layers_left, f.stream)
             if is_queued:
                 break
         if is_queued:
@@ -306,6 +303,11 @@ class _InFlight:
     batch: ForwardBatch
     done: Any = None  # the CUDA event recorded after its last kernel
     paced: bool = False  # queued no further ahead of the GPU than pacing.AHEAD_S, on every SM, until chat runs
+
+
+def _shape(batch: ForwardBatch) -> tuple[int, int]:
+    """(sequences, seq_len): what a forward's graph and its pacing are kept by."""
+    return len(batch.nonces), batch.spec.seq_len
 
 
 def _artifacts(hidden: torch.Tensor, batch: ForwardBatch) -> list[tuple[int, str]]:

@@ -154,6 +154,7 @@ class LayerwiseForward:
         with reflection_hooks(self._model, self._vectors):
             self._done(self._model(input_ids=None, positions=self.prefill.positions, intermediate_tensors=None,
                                    inputs_embeds=self._hidden))
+        self._next = self._end
 
     def _done(self, hidden: torch.Tensor) -> None:
         self.last_hidden = hidden.view(self.num_seqs, self.seq_len, -1)[:, -1].float()
