@@ -2,12 +2,16 @@
 
     python -m bench.poc_forward --shape qwen3-0.6b --seq-lens 256 1024 --batches 32 64     (GPU)
     python -m bench.poc_forward --seq-lens 64 --batches 8                                   (CPU, tiny)
+    python -m bench.poc_forward --shape qwen3-235b-a22b --num-layers 94 --quant fp8 --config-only \
+        --model-dir models/q235-94l --engine-arg=--tensor-parallel-size=4 --gpu-memory-utilization 0.9  (full size)
 
 "PoC" is the production path (engine thread → leased KV blocks → worker: seeded inputs, per-layer
 reflections, final-norm hidden, pick/rotate/encode on the device). "Bare" is the same batched prefill on
 leased blocks with inputs made once and no reflections, RNG or post-processing. The two are timed in
 alternating rounds and the medians reported: on an H100 the bare rate alone moved by 10% between two runs
-of one lease, more than the PoC's overhead. MFU counts
+of one lease, more than the PoC's overhead. Under tensor parallelism both run on every rank (collective_rpc).
+"Peak" is the most device memory torch held during one PoC batch above what it held before it (the largest
+rank's), beside vLLM's own profile of a step of max_num_batched_tokens. MFU counts
 2 × (q, k, v, o, MLP weights) per token plus causal attention, against the bf16 matmul peak measured here.
 """
 
@@ -32,8 +36,9 @@ def _bare(worker, block_ids: list[int], num_seqs: int, seq_len: int, iters: int)
     from backend.engine.pocworker.forward import prefill_last_hidden
     mr, cfg = worker.model_runner, worker.vllm_config
     device = torch.device(worker.device) if not isinstance(worker.device, torch.device) else worker.device
+    gen = torch.Generator(device=device).manual_seed(0)  # the same inputs on every tensor-parallel rank
     x = torch.randn(num_seqs, seq_len, cfg.model_config.get_hidden_size(), device=device,
-                    dtype=cfg.model_config.dtype)
+                    dtype=cfg.model_config.dtype, generator=gen)
     model = mr.get_model()
 
     def sync() -> None:
@@ -93,6 +98,37 @@ def _parts(worker, block_ids: list[int], num_seqs: int, seq_len: int, iters: int
             out[name] = (time.perf_counter() - started) / iters * 1e3
             out[name + " (host)"] = (enqueued - started) / iters * 1e3
     return out
+
+
+def _memory_mark(worker) -> int:
+    """Resets the device's peak counter; bytes allocated now (0 off CUDA)."""
+    import torch
+    if not torch.cuda.is_available():
+        return 0
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    return int(torch.cuda.memory_allocated())
+
+
+def _memory_peak(worker) -> dict[str, int]:
+    """Peak bytes allocated since the mark, and what the allocator reserves and the device has free now."""
+    import torch
+    if not torch.cuda.is_available():
+        return {"peak": 0, "reserved": 0, "free": 0}
+    torch.cuda.synchronize()
+    return {"peak": int(torch.cuda.max_memory_allocated()), "reserved": int(torch.cuda.memory_reserved()),
+            "free": int(torch.cuda.mem_get_info()[0])}
+
+
+def _poc_peak_gib(llm, runner, job: ArtifactJob, nonces: list[int]) -> dict[str, float]:
+    """One PoC batch's own device memory: its peak above the allocation before it, the largest rank's, GiB."""
+    before = llm.collective_rpc(_memory_mark)
+    runner.run(job, nonces)
+    after = llm.collective_rpc(_memory_peak)
+    gib = 1 << 30
+    return {"poc_peak_gib": max(a["peak"] - b for a, b in zip(after, before, strict=True)) / gib,
+            "reserved_gib": max(a["reserved"] for a in after) / gib,
+            "free_gib": min(a["free"] for a in after) / gib}
 
 
 def _describe(worker) -> dict:
@@ -177,6 +213,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--iters", type=int, default=10, help="batches per timed round, each side")
     p.add_argument("--rounds", type=int, default=3, help="PoC and bare rounds, alternating; medians reported")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    p.add_argument("--config-only", action="store_true",
+                   help="the model's JSON files alone and vLLM's --load-format dummy: full sizes without the disk")
+    p.add_argument("--max-num-batched-tokens", type=int, default=0,
+                   help="vLLM's step size, which its memory profile covers (default: the largest batch's tokens)")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
+                   help="one more engine flag, e.g. --engine-arg=--tensor-parallel-size=4 (repeatable)")
     p.add_argument("--json", default="")
     p.add_argument("--parts", action="store_true", help="also time each PoC stage alone")
     p.add_argument("--profile", default="", help="directory for torch.profiler tables of PoC and bare")
@@ -186,15 +228,21 @@ def main(argv: list[str] | None = None) -> None:
 
     from backend.engine.adapter import Engine
     from backend.settings import load_settings
-    from backend.tools.modelgen import ensure_model
+    from backend.tools.modelgen import ensure_model, write_config_only
     model_dir = Path(args.model_dir or f"models/{args.shape}")
-    ensure_model(model_dir, args.shape, num_layers=args.num_layers, quant=args.quant)
+    engine_args = list(args.engine_arg)
+    if args.config_only:
+        write_config_only(model_dir, args.shape, num_layers=args.num_layers, quant=args.quant)
+        engine_args += ["--load-format", "dummy"]
+    else:
+        ensure_model(model_dir, args.shape, num_layers=args.num_layers, quant=args.quant)
     max_tokens = max(args.seq_lens) * max(args.batches)
+    step_tokens = args.max_num_batched_tokens or max_tokens
     settings = load_settings(["--model", str(model_dir), "--generate-model", "none", "--max-model-len",
                               str(max(max(args.seq_lens), 2048)), "--max-num-seqs", str(max(args.batches)),
-                              "--max-num-batched-tokens", str(max_tokens), "--poc-max-batch-tokens",
+                              "--max-num-batched-tokens", str(step_tokens), "--poc-max-batch-tokens",
                               str(max_tokens), "--gpu-memory-utilization",
-                              str(args.gpu_memory_utilization)])
+                              str(args.gpu_memory_utilization), *engine_args])
     engine = Engine(settings)
     llm, runner = engine.core, engine.poc
     hf_cfg = engine.vllm_config.model_config.hf_config
@@ -202,7 +250,13 @@ def main(argv: list[str] | None = None) -> None:
     print("worker:", llm.collective_rpc(_describe)[0], flush=True)
     pool = compat.block_pool(llm)
     rows = []
-    points = [(seq_len, batch) for seq_len in args.seq_lens for batch in args.batches]
+    points = []
+    for seq_len, batch in ((seq_len, batch) for seq_len in args.seq_lens for batch in args.batches):
+        if batch > runner.max_batch(seq_len):  # the runner's cap: what vLLM's profile covered
+            print(f"L={seq_len:5d} B={batch:3d}  skipped: above the largest PoC batch {runner.max_batch(seq_len)} "
+                  f"(max_num_batched_tokens {step_tokens})", flush=True)
+        else:
+            points.append((seq_len, batch))
     for seq_len, batch in points:  # warm-up of every point before any is timed: kernels, allocator, clocks
         job = ArtifactJob(PocSpec("BENCH_BLOCK", "bench_key", seq_len), tuple(range(batch)))
         for _ in range(3):
@@ -210,6 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     for seq_len, batch in points:
         nonces = list(range(batch))
         job = ArtifactJob(PocSpec("BENCH_BLOCK", "bench_key", seq_len), tuple(nonces))
+        memory = _poc_peak_gib(llm, runner, job, nonces)
         num_blocks = batch * runner.blocks_per_seq(seq_len)
         rounds = []  # (poc_s, bare_s) per round, PoC and bare alternating so clock drift hits both alike
         for r in range(args.rounds):
@@ -232,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
         row = {"seq_len": seq_len, "batch": batch, "poc_nonces_per_s": batch / poc_s,
                "bare_nonces_per_s": batch / bare_s, "ratio": statistics.median(round_ratios),
                "round_ratios": round_ratios,
-               "poc_mfu": flops / poc_s / 1e12 / peak, "bare_mfu": flops / bare_s / 1e12 / peak}
+               "poc_mfu": flops / poc_s / 1e12 / peak, "bare_mfu": flops / bare_s / 1e12 / peak, **memory}
         if parts:
             row["parts_ms"] = parts
             print("   stage ms per batch: " + "  ".join(f"{k} {v:.2f}" for k, v in parts.items()), flush=True)
@@ -240,12 +295,17 @@ def main(argv: list[str] | None = None) -> None:
         print(f"L={seq_len:5d} B={batch:3d}  PoC {row['poc_nonces_per_s']:9.1f} nonces/s "
               f"(MFU {row['poc_mfu']:.3f})  bare {row['bare_nonces_per_s']:9.1f} nonces/s "
               f"(MFU {row['bare_mfu']:.3f})  PoC/bare {row['ratio']:.3f} (median of "
-              f"{' '.join(f'{x:.3f}' for x in row['round_ratios'])})", flush=True)
+              f"{' '.join(f'{x:.3f}' for x in row['round_ratios'])})  memory: PoC peak "
+              f"{memory['poc_peak_gib']:.2f} GiB, reserved {memory['reserved_gib']:.2f}, free "
+              f"{memory['free_gib']:.2f}", flush=True)
     device = str(engine.vllm_config.device_config.device_type)
-    print(f"device {device}  peak bf16 matmul {peak:.1f} TFLOP/s  model {args.shape}")
+    kv = f"{engine.num_gpu_blocks} blocks of {compat.block_size(llm)} tokens"
+    print(f"device {device}  peak bf16 matmul {peak:.1f} TFLOP/s  model {args.shape}  ranks "
+          f"{settings.vllm.world_size}  KV cache {kv}")
     if args.json:
         Path(args.json).write_text(json.dumps({"device": device, "peak_tflops": peak, "shape": args.shape,
-                                               "rows": rows}, indent=1))
+                                               "ranks": settings.vllm.world_size, "kv_cache": kv,
+                                               "engine_args": engine_args, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
