@@ -100,6 +100,10 @@ class BackendSettings:
                                           "overlapped (--poc-overlap), PoC forwards launched at once: 2 = the next "
                                           "queued behind the one running, so the device does not wait between them "
                                           "for the engine thread; 1 = one at a time", type=int)
+    kernel_warmup: str = setting("POCSERVE_KERNEL_WARMUP", "auto",
+                                 "before ready, run the model once at each step size whose kernels would otherwise "
+                                 "compile at a first chat (the fused-MoE Triton kernel's tile sizes): auto = MoE "
+                                 "models on CUDA, on, off", choices=("auto", "on", "off"))
     fault_fail_on_step: int = setting("POCSERVE_FAULT_FAIL_ON_STEP", 0,
                                       "fault injection for tests: the engine raises on this step (0 = never)")
     log_format: str = log_format_setting()

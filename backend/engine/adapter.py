@@ -21,7 +21,7 @@ from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest  # noqa: E402
 from vllm.v1.engine.core import EngineCore  # noqa: E402
 from vllm.v1.executor import Executor  # noqa: E402
 
-from backend.engine import parallel  # noqa: E402
+from backend.engine import parallel, warmup  # noqa: E402
 from backend.engine.args import USAGE_CONTEXT, engine_args  # noqa: E402
 from backend.engine.poc import PocRunner  # noqa: E402
 from backend.settings import BackendSettings  # noqa: E402
@@ -66,6 +66,7 @@ class Engine:
             self.poc.overlaps = self._prepare_overlap(settings)
             self.poc.max_in_flight = settings.poc_forwards_in_flight
             self.poc.parks = settings.vllm.world_size == 1 and not self.poc.overlaps
+            self._warm_up_kernels(settings, step_tokens)
         except BaseException:
             self.core.shutdown()  # the workers are processes of their own under TP/PP
             raise
@@ -80,6 +81,16 @@ class Engine:
                  poc_forwards_in_flight=settings.poc_forwards_in_flight,
                  torch_threads=torch.get_num_threads(), elapsed_s=round(time.monotonic() - started, 1),
                  uptime_s=process_uptime_s())
+
+    def _warm_up_kernels(self, settings: BackendSettings, step_tokens: int) -> None:
+        """--kernel-warmup (backend/engine/warmup.py): the first chat of each step size compiles nothing."""
+        if warmup.wanted(settings.kernel_warmup, str(self.vllm_config.device_config.device_type),
+                         self.vllm_config.model_config.hf_config):
+            sizes = warmup.warmup_sizes(step_tokens)
+            done = self.core.collective_rpc("warm_up_kernels", args=(sizes,))
+            log.info("kernel_warmup", sizes=len(sizes), largest=sizes[0],
+                     triton_builds=max(int(d["triton_builds"]) for d in done),
+                     elapsed_s=round(max(d["elapsed_s"] for d in done), 2))
 
     def _prepare_overlap(self, settings: BackendSettings) -> bool:
         """Whether PoC forwards run beside chat steps (--poc-overlap); sets up the worker's streams if so."""
@@ -101,7 +112,7 @@ class Engine:
             vllm_version=vllm.__version__, engine_device=str(cfg.device_config.device_type),
             poc_code_version=POC_CODE_VERSION, python_hash_seed=compat.ENGINE_ENV_DEFAULTS["PYTHONHASHSEED"],
             prefix_caching_hash_algo=str(cfg.cache_config.prefix_caching_hash_algo),
-            scheduling_mode=self.settings.scheduling_mode,
+            scheduling_mode=self.settings.scheduling_mode, vocab_size=int(cfg.model_config.get_vocab_size()),
         )
 
     def add(self, request: EngineCoreRequest) -> None:

@@ -1,13 +1,14 @@
-"""The single worker-extension class vLLM mixes into its Worker: PoC forward + enforced sampling."""
+"""The single worker-extension class vLLM mixes into its Worker: PoC forward, enforced sampling, kernel warm-up."""
 
 from typing import Any
 
 from backend.engine import compat
 from backend.engine.pocworker.extension import PocWorkerExtension
+from backend.engine.warmup import KernelWarmupExtension
 from sampling.enforced import EnforcedSamplingExtension
 
 
-class WorkerExtension(PocWorkerExtension, EnforcedSamplingExtension):
+class WorkerExtension(PocWorkerExtension, EnforcedSamplingExtension, KernelWarmupExtension):
     model_runner: Any
 
     def prepare_pipeline_stage(self) -> bool:

@@ -1,16 +1,19 @@
 """Qwen3-MoE on the CPU engine: the generated tiny-moe (8 experts, top-2) serves PoC and chat as dense does.
 
-One backend of our own for the module, in shared scheduling mode so that chat runs during a mining round.
+One backend of our own for the module, in shared scheduling mode so that chat runs during a mining round, with the
+kernel warm-up on (off by default on the CPU engine): the artifacts and greedy chat below are checked after it ran.
 Artifacts are checked against an independent HF-transformers forward (tests/reference_poc.py).
 """
 
 from __future__ import annotations
 
+import json
 import threading
 
 import httpx
 import pytest
 
+from backend.engine.warmup import warmup_sizes
 from backend.tools.modelgen import ensure_model
 from tests.integration.pow_util import MODEL, Server, artifacts_of, l2, node, params, status, stop, wait_until
 from tests.reference_poc import HFReference
@@ -23,7 +26,8 @@ def moe_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def moe(moe_dir, tmp_path_factory):
-    server = Server.start(moe_dir, tmp_path_factory.mktemp("moe"), "--scheduling-mode", "shared")
+    server = Server.start(moe_dir, tmp_path_factory.mktemp("moe"), "--scheduling-mode", "shared",
+                          "--kernel-warmup", "on", "--max-num-batched-tokens", "4096", "--log-format", "json")
     yield server
     server.stop()
 
@@ -32,6 +36,16 @@ def test_moe_served_config_is_the_sparse_model(moe_dir):
     reference = HFReference(moe_dir)
     assert type(reference.model).__name__ == "Qwen3MoeForCausalLM"
     assert reference.model.config.num_experts == 8 and reference.model.config.num_experts_per_tok == 2
+
+
+def test_moe_kernel_warmup_ran_every_size_before_ready(moe):
+    lines = [json.loads(line) for line in (moe.work / "backend1.log").read_text().splitlines()
+             if line.startswith("{") and json.loads(line).get("event") == "kernel_warmup"]
+    assert len(lines) == 1, lines
+    warm = lines[0]
+    assert warm["largest"] == 4096 and warm["sizes"] == len(warmup_sizes(4096))
+    assert warm["triton_builds"] == 0  # the CPU engine builds no Triton kernels
+    assert httpx.get(f"{moe.base_url}/health", timeout=10).status_code == 200
 
 
 @pytest.mark.parametrize("stronger_rng", [False, True])
