@@ -263,11 +263,14 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = ensure_model(args.model_dir, args.shape, num_layers=args.num_layers, quant=args.quant)
     print(f"model {model_dir} ({args.shape}); logs in {args.log_dir}", flush=True)
     figures: dict[str, dict] = {}
+    interrupted = False
     try:
         for name in args.systems:
             figures[name] = bench_system(name, args, model_dir)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a device call's time limit: the systems measured so far are still printed
         print("interrupted; child processes stopped", file=sys.stderr)
+        interrupted = True
+    if not figures:
         return 130
     rat = ratios(figures)
     print()
@@ -286,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=2) + "\n")
         print(f"figures written to {args.json}")
+    if interrupted:
+        return 130
     return 0 if all(f["num_ok"] == f["num_requests"] for f in figures.values()) else 1
 
 

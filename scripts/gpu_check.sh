@@ -22,6 +22,8 @@
 #   bash scripts/gpu_check.sh moe-golden      # the 235B slice's artifacts vs the CPU engine's golden file
 #   bash scripts/gpu_check.sh full-scale      # the 235B model whole (94 layers, dummy weights) at TP=4 through
 #                                             # bench.network_launch (FULL="LAYERS TP QUANT CONFIG EXTRA")
+#   bash scripts/gpu_check.sh full-poc        # the same model: PoC vs the bare forward at TP=4, peak memory per
+#                                             # batch (FULLPOC="LAYERS TP QUANT EXTRA", e.g. EXTRA for expert parallel)
 #   bash scripts/gpu_check.sh full-serving    # the same model and TP: chat vs `vllm serve` in steady state, each
 #                                             # warmed until its TTFT p99 settles (SERVING="TP SYSTEMS REQUESTS
 #                                             # CONCURRENCY EXTRA"; eager decode at 94 layers is ~200 ms a
@@ -69,6 +71,8 @@ bench_beside() {
     --max-tokens 128 --seconds 15 --chat-share 0.5 --gpu-memory-utilization 0.5 --json "$out/beside_chat.json" \
     2>&1 | quiet | tail -8 | tee "$out/beside_chat.txt"
 }
+# A call that timed out can leave engine workers (their own session) holding the GPUs into the next call.
+free_gpus() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9 2>/dev/null; sleep 2; }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 case "${1:-tests}" in
   tests)  # one device call: SIGINT at ${SUITE_S:-510} s makes pytest stop and still print its summary line
@@ -97,16 +101,35 @@ case "${1:-tests}" in
     grep -E "KV cache|Available KV|engine_ready|Loading weights|Model loading took|init engine" "$out/full-scale.log" \
       | cut -c1-300 | tail -12
     ;;
+  full-poc)  # FULLPOC="LAYERS TP QUANT EXTRA" (default: 94 layers, TP=4, block-FP8): PoC vs the bare forward at
+             # batch 8, 16, 32 × 1024 on dummy weights, each batch's own peak memory, with the node's step of 32768
+    read -r layers tp quant extra <<< "${FULLPOC:-94 4 fp8}"
+    qflag=(); [ "$quant" = fp8 ] && qflag=(--quant fp8)
+    free_gpus
+    timeout --signal=INT "${TIMEOUT_S:-420}" python3 -m bench.poc_forward --shape qwen3-235b-a22b \
+      --num-layers "$layers" "${qflag[@]}" --config-only --model-dir "models/qwen3-235b-a22b-${layers}l-$quant-config-only" \
+      --seq-lens 1024 --batches 8 16 32 64 --iters 3 --rounds 3 --max-num-batched-tokens 32768 \
+      --gpu-memory-utilization 0.9 --engine-arg=--tensor-parallel-size="$tp" --engine-arg=--enforce-eager $extra \
+      --json "$out/full-poc-tp$tp${extra// /}.json" 2>&1 \
+      | grep -E "^L=|^device|kernel_warmup|engine_ready|Error|Traceback" | cut -c1-400 | tee -a "$out/full-poc.txt"
+    free_gpus
+    ;;
   full-serving)
     read -r tp systems requests concurrency extra <<< "${SERVING:-4 ours,vllm 256 128 --enforce-eager --max-warmup-rounds 2}"
     dir=models/qwen3-235b-a22b-94l-fp8-config-only
     python3 -m backend.tools.modelgen --out "$dir" --shape qwen3-235b-a22b --num-layers 94 --quant fp8 --config-only
-    python3 -m bench.serving --model-dir "$dir" --tensor-parallel-size "$tp" --systems "$systems" \
+    free_gpus
+    timeout --signal=INT "${TIMEOUT_S:-540}" python3 -m bench.serving --model-dir "$dir" --tensor-parallel-size "$tp" \
+      --systems "$systems" \
       --engine-arg=--load-format --engine-arg=dummy --num-requests "$requests" --concurrency "$concurrency" \
       --num-warmup "$concurrency" --max-tokens 64 --max-model-len 8192 --max-num-seqs 256 --max-num-batched-tokens 8192 \
       --gpu-memory-utilization 0.9 $extra --device-note "$(nvidia-smi --query-gpu=name --format=csv,noheader \
       | sort | uniq -c | xargs)" --json "$out/full-serving.json" 2>&1 | quiet | tee "$out/full-serving.txt" | tail -40
     keep_logs full-serving
+    # Triton builds after ready (vLLM warns once per kernel) and our warm-up's, in each server's log
+    grep -cH "JIT compilation during inference" "$out"/logs-full-serving/*.log || true
+    grep -h "kernel_warmup\|engine_ready" "$out"/logs-full-serving/*.log | cut -c1-300 || true
+    free_gpus
     ;;
   launch)  # the network's launch on this GPU: LAUNCH="SHAPE LAYERS QUANT CONFIG" (default: the 235B shape at
            # 2 layers, block-FP8, the release-candidate config) through bench.network_launch
