@@ -34,6 +34,9 @@ class Fingerprint(msgspec.Struct, kw_only=True):
     prefix_caching_hash_algo: str = ""
     # Extra names the model is served under (besides served_model_name and model_path).
     model_aliases: list[str] = []
+    # The model's vocabulary size: token ids go up to one below it (the frontend's /openapi.json states it on
+    # /detokenize). 0: not sent (an older backend).
+    vocab_size: int = 0
 
 
 class ProcessorStats(msgspec.Struct, tag="p.stats", kw_only=True):
