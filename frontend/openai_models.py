@@ -5,13 +5,11 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic.json_schema import JsonDict
 
-from frontend.fields import Text
+from frontend.fields import Count, Index, Int64, Text, TopK, TopLogprobs
 
-# msgspec encodes integers up to 64 bits: a bigger one must be a 400 here, not a 500 when the request is encoded
-# for the backend. Token ids are never negative.
-INT64_MAX = 2**63 - 1
-TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
+TokenId = Index  # never negative
 
 
 class _Strict(BaseModel):
@@ -128,28 +126,28 @@ def stop_list(v: str | list[str] | None) -> list[str]:
 class _Sampling(_Strict):
     model: Text
     # Bounded by the backend's --max-num-seqs (a 400 naming `n` beyond it).
-    n: int = Field(1, ge=1, le=INT64_MAX)
+    n: Count = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1, le=INT64_MAX)
+    top_k: TopK | None = None
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     # Bounded above only by finiteness: JSON bodies may carry Infinity, which vLLM refuses.
     repetition_penalty: float = Field(1.0, gt=0.0, allow_inf_nan=False)
-    seed: int | None = Field(None, ge=-(2**63), lt=2**63)
+    seed: Int64 | None = None
     stop: Stop = None
     stop_token_ids: list[TokenId] = []
     ignore_eos: bool = False
-    min_tokens: int = Field(0, ge=0, le=INT64_MAX)
+    min_tokens: Index = 0
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     user: Text | None = None
     logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] | None = None
     # vLLM's: lower runs first under --scheduling-policy priority; fcfs takes it and ignores it.
-    priority: int = Field(0, ge=-(2**63), lt=2**63)
+    priority: Int64 = 0
 
     @field_validator("stop")
     @classmethod
@@ -157,20 +155,30 @@ class _Sampling(_Strict):
         return stop_list(v)
 
 
+# Any tool_choice but "none" (or null) needs `tools`, as the schema states it (the validator below refuses the rest).
+_CHOICE_NEEDS_TOOLS: JsonDict = {
+    "if": {"required": ["tool_choice"], "properties": {"tool_choice": {"not": {"enum": ["none", None]}}}},
+    "then": {"required": ["tools"], "properties": {"tools": {"type": "array"}}}}
+
+
 class ChatCompletionRequest(_Sampling):
+    model_config = ConfigDict(json_schema_extra=_CHOICE_NEEDS_TOOLS)
+
     messages: list[Message] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
-    max_completion_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
+    max_tokens: Count | None = None
+    max_completion_tokens: Count | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: TopLogprobs | None = None
     response_format: ResponseFormat | None = None
     enforced_tokens: EnforcedTokens | None = None
     enforced_str: Text | None = None
     # The schema says what the validator below refuses (an empty array), as OpenAI's API does.
-    tools: list[ToolParam] | None = Field(None, json_schema_extra={"minItems": 1})
+    tools: list[ToolParam] | None = Field(None, json_schema_extra={"minItems": 1}, description=(
+        "Function names must be unique (a 400 naming `tools`): a tool call names its function. JSON "
+        "Schema cannot state uniqueness by a key."))
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(None, description=(
-        "A named function must be one of `tools`, and any choice but \"none\" needs `tools`: a 400 naming "
-        "`tool_choice` otherwise (a rule across fields, which the schema does not state)."))
+        "Any choice but \"none\" needs `tools` (stated), and a named function must be one of `tools`: a 400 "
+        "naming `tool_choice` otherwise (JSON Schema cannot compare the name with the array's names)."))
     parallel_tool_calls: bool | None = None
 
     @field_validator("tools")
@@ -202,8 +210,8 @@ _Prompt = Annotated[Text, Field(min_length=1)]
 
 class CompletionRequest(_Sampling):
     prompt: _Prompt | Annotated[list[_Prompt], Field(min_length=1, max_length=1)]
-    max_tokens: int | None = Field(16, ge=1, le=INT64_MAX)
-    logprobs: int | None = Field(None, ge=0, le=20)
+    max_tokens: Count | None = 16
+    logprobs: TopLogprobs | None = None
     echo: Literal[False] = False
     suffix: None = None
 
@@ -218,7 +226,20 @@ class CompletionRequest(_Sampling):
 
 
 class TokenizeRequest(_Strict):
-    """vllm serve's /tokenize: a prompt, or chat messages rendered with the chat template (exactly one)."""
+    """vllm serve's /tokenize: a prompt, or chat messages rendered with the chat template (exactly one).
+
+    The schema states the two rules across fields that frontend/convert.py applies (400s): exactly one of `prompt`
+    and `messages` (null counts as left out), and with messages, `continue_final_message` true needs
+    `add_generation_prompt` false, sent (it defaults to true): vLLM refuses both true.
+    """
+
+    model_config = ConfigDict(json_schema_extra={"allOf": [
+        {"oneOf": [{"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+                   {"required": ["messages"], "properties": {"messages": {"type": "array"}}}]},
+        {"not": {"required": ["messages", "continue_final_message"],
+                 "properties": {"messages": {"type": "array"}, "continue_final_message": {"const": True},
+                                "add_generation_prompt": {"const": True}}}},
+    ]})
 
     model: Text | None = None
     prompt: Text | None = Field(None, description="Exactly one of `prompt` and `messages` (a 400 otherwise).")
@@ -228,7 +249,9 @@ class TokenizeRequest(_Strict):
     tools: list[ToolParam] | None = None
     # vllm serve's defaults: True for a prompt, False for messages (the chat template adds what the model needs).
     add_special_tokens: bool | None = None
-    add_generation_prompt: bool = True
+    add_generation_prompt: bool = Field(True, description=(
+        "With `messages`: false when `continue_final_message` is true (a 400 naming `continue_final_message` "
+        "otherwise)."))
     continue_final_message: bool = False
     return_token_strs: bool | None = False
 
@@ -236,5 +259,5 @@ class TokenizeRequest(_Strict):
 class DetokenizeRequest(_Strict):
     model: Text | None = None
     tokens: list[TokenId] = Field(description=(
-        "Token ids below the served model's vocabulary size: a larger id is a 400 naming it (`tokens.<i>`); the "
-        "bound depends on the model, so the schema does not state it."))
+        "Token ids below the served model's vocabulary size: a larger id is a 400 naming it (`tokens.<i>`). The "
+        "items' `maximum` states it once the backend is connected (it depends on the model)."))

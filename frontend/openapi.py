@@ -7,6 +7,7 @@ can answer with `errors(...)`; streams add text/event-stream to their 200.
 
 from __future__ import annotations
 
+import copy
 from http import HTTPStatus
 from typing import Any
 
@@ -114,6 +115,21 @@ def _restore_integer_bounds(app: FastAPI, schema: dict) -> None:
                 _exact_bounds(components.get(name), exact, components, exact.get("$defs", {}), {name})
 
 
+def _with_vocabulary(app: FastAPI, schema: dict) -> dict:
+    """The schema with /detokenize's ids bounded by the served model's vocabulary (the backend answers a 400 naming
+    `tokens.<i>` beyond it): known once the backend has sent its fingerprint, so added per request, on a copy."""
+    client = getattr(app.state, "client", None)
+    fingerprint = getattr(client, "fingerprint", None)
+    vocab_size = getattr(fingerprint, "vocab_size", 0)
+    components = schema.get("components", {}).get("schemas", {})
+    if not vocab_size or "DetokenizeRequest" not in components:
+        return schema
+    detokenize = copy.deepcopy(components["DetokenizeRequest"])
+    detokenize["properties"]["tokens"]["items"]["maximum"] = vocab_size - 1
+    return {**schema, "components": {**schema["components"],
+                                     "schemas": {**components, "DetokenizeRequest": detokenize}}}
+
+
 def install_openapi(app: FastAPI) -> None:
     def openapi() -> dict:
         if app.openapi_schema is None:
@@ -126,6 +142,6 @@ def install_openapi(app: FastAPI) -> None:
             components.pop("HTTPValidationError", None)
             components.pop("ValidationError", None)
             app.openapi_schema = schema
-        return app.openapi_schema
+        return _with_vocabulary(app, app.openapi_schema)
 
     app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to adjust the schema

@@ -12,7 +12,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from frontend.fields import Text
+from frontend.fields import Count, Index, Int64, Text
 from protocol.poc import DEFAULT_K_DIM, Artifact
 from protocol.pow import (
     NodeIdentity,
@@ -22,10 +22,6 @@ from protocol.pow import (
     StatTestSpec,
 )
 
-# msgspec encodes integers up to 64 bits; a bigger one must be a 400 here, not a 500 at encode time.
-Int64 = Annotated[int, Field(ge=-(2**63), lt=2**63)]
-Count = Annotated[int, Field(ge=1, lt=2**63)]
-Index = Annotated[int, Field(ge=0, lt=2**63)]
 # Thresholds: finite, never negative (NaN would make every comparison false and pass everything).
 Threshold = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
@@ -136,27 +132,30 @@ class StatTestModel(BaseModel):
     """Every field optional; unset ones take the fork's code defaults (poc/validation.py `StatTest`).
 
     The network client sends `p_value_threshold` where the fork read `fraud_threshold` (and silently ignored
-    the other name): both are accepted here and mean the same threshold.
+    the other name): either is accepted here and means the same threshold, but not both in one body. "Both, if
+    equal" cannot be stated in JSON Schema (it compares two values), so a checker generating from the schema sent
+    two different ones as valid; "one of them" can (`not` both), and the network client sends one.
     """
 
-    model_config = ConfigDict(strict=True)
+    model_config = ConfigDict(strict=True, json_schema_extra={"not": {
+        "required": ["fraud_threshold", "p_value_threshold"],
+        "properties": {"fraud_threshold": {"type": "number"}, "p_value_threshold": {"type": "number"}}}})
 
     dist_threshold: Threshold | None = None
     p_mismatch: Probability | None = None
-    # A rule across the two fields, which JSON Schema cannot state simply: the descriptions say it.
     fraud_threshold: Probability | None = Field(None, description=(
-        "The same setting as `p_value_threshold` under the fork's name: send one of them, or both equal (a 400 "
-        "naming `stat_test` if both are sent and differ)."))
+        "The same setting as `p_value_threshold` under the fork's name: send one of them (a 400 naming "
+        "`stat_test` if both are sent)."))
     p_value_threshold: Probability | None = Field(None, description=(
-        "The same setting as `fraud_threshold` under the network client's name: send one of them, or both equal "
-        "(a 400 naming `stat_test` if both are sent and differ)."))
+        "The same setting as `fraud_threshold` under the network client's name: send one of them (a 400 naming "
+        "`stat_test` if both are sent)."))
 
     @model_validator(mode="after")
     def _one_threshold(self) -> StatTestModel:
         a, b = self.fraud_threshold, self.p_value_threshold
-        if a is not None and b is not None and a != b:
-            raise ValueError(f"fraud_threshold ({a}) and p_value_threshold ({b}) are the same setting "
-                             f"under two names and differ; send one of them")
+        if a is not None and b is not None:
+            raise ValueError(f"fraud_threshold ({a}) and p_value_threshold ({b}) are the same setting under two "
+                             f"names; send one of them")
         return self
 
     def to_wire(self) -> StatTestSpec:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, WithJsonSchema, field_validator
 
-from frontend.fields import Text
-from frontend.openai_models import INT64_MAX, Stop, stop_list
+from frontend.fields import Count, Index, Int64, Text, TopK, TopLogprobs
+from frontend.openai_models import Stop, stop_list
 
 
 def _encodable(value: dict[str, Any]) -> dict[str, Any]:
@@ -136,8 +136,17 @@ class TextConfig(_Strict):
     verbosity: Literal["low", "medium", "high"] | None = None
 
 
+# Fields vLLM takes but this server serves only one value of (frontend/responses_convert.py refuses the others with
+# a 400 naming the field, or the 404 for an id): the schema states the value served, the type keeps vLLM's values
+# so that the refusal is that clear message rather than pydantic's.
+def _only(value: Any, why: str) -> Any:
+    served = {"type": "null"} if value is None else {"anyOf": [{"const": value}, {"type": "null"}]}
+    return WithJsonSchema({**served, "description": why})
+
+
 class ReasoningConfig(_Strict):
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    effort: Annotated[Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None, _only(
+        None, "Not supported (a 400): the chat template gets no reasoning effort.")] = None
     summary: Literal["auto", "concise", "detailed"] | None = None
     generate_summary: Literal["auto", "concise", "detailed"] | None = None
 
@@ -148,36 +157,47 @@ Include = Literal["code_interpreter_call.outputs", "computer_call_output.output.
 
 
 class ResponsesRequest(_Strict):
+    # tool_choice "required" needs tools, as the schema states it.
+    model_config = ConfigDict(json_schema_extra={
+        "if": {"required": ["tool_choice"], "properties": {"tool_choice": {"const": "required"}}},
+        "then": {"required": ["tools"], "properties": {"tools": {"minItems": 1}}}})
     # vLLM's names and defaults; checks it makes after validation (tool_choice, background, ...) are in
     # frontend/responses_convert.py.
     model: Text | None = None
     # An empty list is refused by _some_input (its message); the schema states it.
     input: Annotated[list[InputItem], Field(json_schema_extra={"minItems": 1})] | Text
     instructions: Text | None = None
-    max_output_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
-    max_tool_calls: int | None = Field(None, ge=0, le=INT64_MAX)
+    max_output_tokens: Count | None = None
+    max_tool_calls: Index | None = None
     # Checked whole, so that a bad key is not put in the error's location (and message) as is.
     metadata: Annotated[dict[str, str], AfterValidator(_encodable)] | None = None
     parallel_tool_calls: bool | None = True
-    previous_response_id: Text | None = None
-    prompt: dict[str, Any] | None = None
+    previous_response_id: Annotated[Text | None, _only(
+        None, "Not supported: no response is stored, so any id is a 404.")] = None
+    prompt: Annotated[dict[str, Any] | None, _only(None, "Prompt templates are not supported (a 400).")] = None
     reasoning: ReasoningConfig | None = None
     include_reasoning: bool = True
     include: list[Include] | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] = "auto"
-    store: bool | None = True
-    background: bool | None = False
+    store: bool | None = Field(True, description=(
+        "Accepted, as by `vllm serve` without its response store: nothing is stored, whatever the value, so a "
+        "response cannot be retrieved or cancelled later (this server has no such routes)."))
+    background: Annotated[bool | None, _only(
+        False, "Background mode needs a response store, which this server does not have (a 400).")] = False
     stream: bool | None = False
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1, le=INT64_MAX)
+    top_k: TopK | None = None
     text: TextConfig | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice = Field("auto", description=(
-        "A named function must be one of `tools`, and \"required\" needs `tools`: a 400 naming `tool_choice` "
-        "otherwise (a rule across fields, which the schema does not state)."))
-    tools: list[FunctionTool] = []
-    top_logprobs: int | None = Field(0, ge=0, le=20)
-    truncation: Literal["auto", "disabled"] | None = "disabled"
+        "\"required\" needs `tools` (stated), and a named function must be one of `tools`: a 400 naming "
+        "`tool_choice` otherwise (JSON Schema cannot compare the name with the array's names)."))
+    tools: list[FunctionTool] = Field([], description=(
+        "Function names must be unique (a 400 naming `tools`): a tool call names its function. JSON "
+        "Schema cannot state uniqueness by a key."))
+    top_logprobs: TopLogprobs | None = 0
+    truncation: Annotated[Literal["auto", "disabled"] | None, _only(
+        "disabled", "Only \"disabled\": the prompt is never truncated (\"auto\" is a 400).")] = "disabled"
     user: Text | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
@@ -188,9 +208,9 @@ class ResponsesRequest(_Strict):
     # vLLM's extensions: the response's id when given; the scheduling priority (lower runs first under
     # --scheduling-policy priority; fcfs takes it and ignores it), as chat's.
     request_id: Text | None = None
-    priority: int = Field(0, ge=-(2**63), lt=2**63)
+    priority: Int64 = 0
     repetition_penalty: float | None = Field(None, gt=0.0, allow_inf_nan=False)
-    seed: int | None = Field(None, ge=-(2**63), lt=2**63)
+    seed: Int64 | None = None
     stop: Stop = None
     ignore_eos: bool = False
 

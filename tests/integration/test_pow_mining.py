@@ -342,7 +342,7 @@ def test_stat_test_p_value_threshold_is_the_fraud_threshold(pow_url):
     assert outcomes["fraud_threshold"]["fraud_detected"] is True
     r = generate(pow_url, nonces, validation=validation(tampered),
                  stat_test={"p_value_threshold": 0.06, "fraud_threshold": 0.05})
-    assert r.status_code == 400, r.text  # two names for one setting must agree
+    assert r.status_code == 400, r.text  # two names for one setting: one of them per body
 
 
 def test_callback_refused_with_500_is_retried_until_delivered(pow_url, shared, receiver):
