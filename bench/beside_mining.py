@@ -10,7 +10,8 @@ at full rate. Prints the 4-nonce job's latency against two of the round's batche
 job's rate against its rate alone, and the round's rate before, during and after the big job.
 
 chat (shared mode, --chat-share): --streams concurrent streaming chats of --max-tokens, idle and during a round.
-Prints chat output tok/s, TTFT and TPOT p50/p99, and PoC nonces/s alone and beside chat.
+Prints chat output tok/s, TTFT and TPOT p50/p99, and PoC nonces/s alone and beside chat, counted per forward
+(bench.mining.poc_nonces; the round's own count moves a 32-nonce batch at a time, printed beside it).
 
 bursts (shared mode): --bursts bursts of --streams streams sent together to a node whose chat is idle, --burst-gap-s
 apart (longer than the loop's linger, so each burst finds chat idle), without a round and during one. Prints TTFT
@@ -35,7 +36,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from bench.mining import NODE, start_stack
+from bench.mining import NODE, mark, rates, start_stack
 from bench.procs import raise_on_signals, stop_all
 from poc.artifacts import vector_l2
 
@@ -70,10 +71,14 @@ def _stop(base: str) -> None:
     httpx.post(f"{_pow(base)}/stop", timeout=120).raise_for_status()
 
 
-def _round_rate(base: str, seconds: float) -> float:
-    before, started = _processed(base), time.perf_counter()
-    time.sleep(seconds)
-    return (_processed(base) - before) / (time.perf_counter() - started)
+def _mark(base: str, args) -> tuple[float, int, float]:
+    return mark(base, args.seq_len)
+
+
+def _round_rate(base: str, args) -> float:
+    since = _mark(base, args)
+    time.sleep(args.seconds)
+    return rates(since, _mark(base, args))[0]
 
 
 def jobs_part(model_dir: Path, args) -> dict:
@@ -90,13 +95,13 @@ def jobs_part(model_dir: Path, args) -> dict:
         _init(base, args)
         try:
             time.sleep(args.settle_s)
-            mining_before = _round_rate(base, args.seconds)
+            mining_before = _round_rate(base, args)
             small_s, answer = _job(base, four, args, **validation)
             assert answer["n_mismatch"] == 0, answer
             before = _processed(base)
             big_s, _ = _job(base, big, args)
             mining_during = (_processed(base) - before) / big_s
-            mining_after = _round_rate(base, args.seconds)
+            mining_after = _round_rate(base, args)
         finally:
             _stop(base)
     finally:
@@ -121,7 +126,7 @@ def _batch_rate(base: str, args) -> float:
     _init(base, args)
     try:
         time.sleep(args.settle_s)
-        return _round_rate(base, args.seconds)
+        return _round_rate(base, args)
     finally:
         _stop(base)
 
@@ -207,9 +212,15 @@ def chat_part(model_dir: Path, args) -> dict:
         _init(base, args)
         try:
             time.sleep(args.settle_s)
-            before = _processed(base)
-            started = time.perf_counter()
+            since = _mark(base, args)
             under_load: dict = {}
+            inside: list = []
+
+            def mark_inside() -> None:  # PoC's count 1 s into the chat load and 1 s before its end: beside chat
+                time.sleep(1.0)
+                inside.append(_mark(base, args))
+                time.sleep(max(0.1, args.seconds - 2.0))
+                inside.append(_mark(base, args))
 
             def beside_both() -> None:  # a validation job and a greedy chat, while the round and the chats run
                 time.sleep(min(2.0, args.seconds / 4))
@@ -217,15 +228,19 @@ def chat_part(model_dir: Path, args) -> dict:
                 under_load["probe_done"] = time.perf_counter()
                 under_load["greedy"] = _greedy(base)
 
-            probe_thread = threading.Thread(target=beside_both)
+            probe_thread, marks_thread = threading.Thread(target=beside_both), threading.Thread(target=mark_inside)
             probe_thread.start()
+            marks_thread.start()
             beside = _chat_load(base, args)
             ended = time.perf_counter()
             # The validation job's nonces are PoC's work in the window too (it takes most forwards while it runs:
-            # on the CPU engine, where a forward beside chat is one sequence, half of a 15 s window).
+            # on the CPU engine, where a forward beside chat is one sequence, half of a 15 s window): counted per
+            # forward, and in the batch count once it is done.
             probe_in_window = under_load.get("probe_done", float("inf")) <= ended
-            poc_beside = ((_processed(base) - before + (args.batch_size if probe_in_window else 0))
-                          / (time.perf_counter() - started))
+            poc_batches = rates(since, _mark(base, args))[1]
+            poc_batches += args.batch_size / (time.perf_counter() - since[0]) if probe_in_window else 0.0
+            marks_thread.join()
+            poc_beside = rates(*inside)[0]
             probe_thread.join()
         finally:
             _stop(base)
@@ -239,6 +254,7 @@ def chat_part(model_dir: Path, args) -> dict:
                "chat_share": args.chat_share, "backend_args": args.backend_arg, "streams": args.streams,
                "max_tokens": args.max_tokens, "idle": idle, "beside_round": beside, "poc_alone_nonces_per_s": poc_alone,
                "poc_beside_chat_nonces_per_s": poc_beside, "probe_nonces_counted": probe_in_window,
+               "poc_beside_chat_batches_nonces_per_s": poc_batches,
                "chat_ratio": beside["tokens_per_s"] / idle["tokens_per_s"], "poc_ratio": poc_beside / poc_alone,
                "tpot_p99_ratio": beside["tpot_p99_ms"] / idle["tpot_p99_ms"],
                "probe_identical": sum(a == b for a, b in zip(probe, probe_alone, strict=True)),
@@ -249,8 +265,9 @@ def chat_part(model_dir: Path, args) -> dict:
         print(f"chat {name}: {f['tokens_per_s']:.1f} tok/s, TTFT p50/p99 {f['ttft_p50_ms']:.1f}/{f['ttft_p99_ms']:.1f}"
               f" ms, TPOT p50/p99 {f['tpot_p50_ms']:.2f}/{f['tpot_p99_ms']:.2f} ms ({f['num_requests']} requests)",
               flush=True)
-    counted = f" (the {len(probe)}-nonce job's included)" if probe_in_window else " (the job ended after the window)"
-    print(f"PoC: {poc_alone:.1f} nonces/s alone, {poc_beside:.1f} beside chat{counted}", flush=True)
+    counted = "included" if probe_in_window else "not counted: it ended after the window"
+    print(f"PoC: {poc_alone:.1f} nonces/s alone, {poc_beside:.1f} beside chat, counted per forward; by the round's "
+          f"whole batches {poc_batches:.1f} (the {len(probe)}-nonce job's {counted})", flush=True)
     print(f"chat-share {args.chat_share} {' '.join(args.backend_arg)}: chat {figures['chat_ratio']:.3f}x idle, PoC "
           f"{figures['poc_ratio']:.3f}x alone, TPOT p99 {figures['tpot_p99_ratio']:.2f}x idle", flush=True)
     print(f"numerics: a {len(probe)}-nonce job beside chat and the round: {figures['probe_identical']}/{len(probe)} "
@@ -308,9 +325,9 @@ def bursts_part(model_dir: Path, args) -> dict:
         _init(base, args)
         try:
             time.sleep(args.settle_s)
-            before, started = _processed(base), time.perf_counter()
+            since = _mark(base, args)
             during = _ttft(_bursts(base, args, clients))
-            poc_during = (_processed(base) - before) / (time.perf_counter() - started)
+            poc_during, poc_batches = rates(since, _mark(base, args))
             probes = _probes_beside_bursts(base, args, clients)
         finally:
             _stop(base)
@@ -322,6 +339,7 @@ def bursts_part(model_dir: Path, args) -> dict:
                "max_tokens": args.max_tokens, "bursts": args.bursts, "burst_gap_s": args.burst_gap_s,
                "idle": idle, "during_mining": during, "poc_alone_nonces_per_s": poc_alone,
                "poc_during_bursts_nonces_per_s": poc_during, "poc_ratio": poc_during / poc_alone,
+               "poc_during_bursts_batches_nonces_per_s": poc_batches,
                "ttft_p99_added_ms": during["ttft_p99_ms"] - idle["ttft_p99_ms"],
                "probes": len(probes), "probes_identical": sum(probe == probe_alone for probe in probes),
                "probe_max_l2": max(vector_l2(a, b) for p in probes for a, b in zip(p, probe_alone, strict=True))}
@@ -330,7 +348,8 @@ def bursts_part(model_dir: Path, args) -> dict:
               f"({f['num_requests']} requests)", flush=True)
     print(f"chat-share {args.chat_share} {' '.join(args.backend_arg)}: TTFT p99 +{figures['ttft_p99_added_ms']:.1f} ms "
           f"during mining; PoC {poc_during:.1f} nonces/s during the bursts vs {poc_alone:.1f} alone: "
-          f"{figures['poc_ratio']:.3f}x", flush=True)
+          f"{figures['poc_ratio']:.3f}x (counted per forward; by the round's whole batches {poc_batches:.1f})",
+          flush=True)
     print(f"numerics: {len(probes)} jobs of {args.batch_size} nonces during the round and bursts: "
           f"{figures['probes_identical']}/{len(probes)} bit-identical to alone (max L2 {figures['probe_max_l2']:.2e})",
           flush=True)

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.procs import Proc, free_port, raise_on_sigterm, stop_all, wait_http_ok
 from tests.backend_client import RawBackend
@@ -39,6 +40,38 @@ def start_stack(model_dir: Path, work: Path, mode: str, args, *extra: str) -> tu
     base = f"http://127.0.0.1:{port}"
     wait_http_ok(f"{base}/health", procs, args.startup_timeout_s)
     return procs, address, base
+
+
+def poc_nonces(base: str, seq_len: int) -> float:
+    """Nonces computed so far (mining and jobs), counted as each PoC forward ends: the PoC part of /metrics'
+    vllm:iteration_tokens_total sum (nonces × seq_len a forward), that is the sum less chat's part (prompt tokens
+    computed plus tokens generated). A round's total_processed moves a whole batch at a time: beside steady chat
+    on the CPU engine a 32-nonce batch is ~9 s of one-sequence forwards, so a 20 s window counted 2 or 3 batches
+    of the same forwards (0.33x or 0.49x). Chat's part reaches the histogram with the backend's stats, a little
+    later than its own counters: the error is what chat computes meanwhile, well under a nonce of 1024 tokens."""
+    text = httpx.get(f"{base}/metrics", timeout=30).text
+    tokens = 0.0
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "vllm:iteration_tokens_total_sum":
+                tokens += s.value
+            elif s.name == "vllm:generation_tokens_total" or (
+                    s.name == "vllm:prompt_tokens_by_source_total" and s.labels.get("source") == "local_compute"):
+                tokens -= s.value
+    return tokens / seq_len
+
+
+def mark(base: str, seq_len: int) -> tuple[float, int, float]:
+    """(now, the round's total_processed, poc_nonces). The latter reaches /metrics with the backend's stats, up to
+    a ping (0.5 s) late: two marks give a true rate where PoC runs at one rate around both (alone, or beside
+    chat), the lag shifting the window without changing its length."""
+    status = httpx.get(f"{base}/api/v1/pow/status", timeout=30).json()
+    return time.perf_counter(), status["stats"]["total_processed"], poc_nonces(base, seq_len)
+
+
+def rates(since: tuple[float, int, float], until: tuple[float, int, float]) -> tuple[float, float]:
+    """Nonces/s between two marks: counted per forward, and by the round's whole batches."""
+    return (until[2] - since[2]) / (until[0] - since[0]), (until[1] - since[1]) / (until[0] - since[0])
 
 
 def direct_rate(address: str, args) -> float:
