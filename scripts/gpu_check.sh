@@ -110,8 +110,9 @@ case "${1:-tests}" in
       --num-layers "$layers" "${qflag[@]}" --config-only --model-dir "models/qwen3-235b-a22b-${layers}l-$quant-config-only" \
       --seq-lens 1024 --batches 8 16 32 64 --iters 3 --rounds 3 --max-num-batched-tokens 32768 \
       --gpu-memory-utilization 0.9 --engine-arg=--tensor-parallel-size="$tp" --engine-arg=--enforce-eager $extra \
-      --json "$out/full-poc-tp$tp${extra// /}.json" 2>&1 \
+      --json "$out/full-poc-tp$tp${extra// /}.json" 2>&1 | tee "$out/full-poc-tp$tp${extra// /}.log" \
       | grep -E "^L=|^device|kernel_warmup|engine_ready|Error|Traceback" | cut -c1-400 | tee -a "$out/full-poc.txt"
+    grep -A40 "^Traceback" "$out/full-poc-tp$tp${extra// /}.log" | tail -40 || true  # the whole error, where one
     free_gpus
     ;;
   full-serving)
