@@ -2,13 +2,14 @@
 
     .venv/bin/python -m bench.soak --seconds 180 --json /tmp/soak.json
 
-Starts its own backend (embedded CPU engine, the generated tiny model, shared scheduling mode, its own state
-dir), two frontends and a real HTTP callback receiver on loopback. For `--seconds` it keeps `--concurrency`
-streaming chat completions open, split evenly across the frontends, each stream checked for a terminal event
-(see bench/soak_traffic.py). Meanwhile it runs PoC cycles: a mining round whose /generated callbacks go to the
-receiver, /stop, then queued validation jobs of nonces sampled from what the round delivered, each expected to
-come back as a /validated callback with fraud_detected false. Then it lets in-flight streams finish, waits for
-every validation's callback and for the backend's outbox to drain, and checks the processes are still healthy.
+Starts its own backend (the engine of this machine, the generated model of `--shape` in `--model-dir`: tiny by
+default; shared scheduling mode, its own state dir), two frontends and a real HTTP callback receiver on loopback.
+For `--seconds` it keeps `--concurrency` streaming chat completions open, split evenly across the frontends, each
+stream checked for a terminal event (see bench/soak_traffic.py). Meanwhile it runs PoC cycles: a mining round whose
+/generated callbacks go to the receiver, /stop, then queued validation jobs of nonces sampled from what the round
+delivered, each expected to come back as a /validated callback with fraud_detected false. Then it lets in-flight
+streams finish, waits for every validation's callback and for the backend's outbox to drain, and checks the
+processes are still healthy.
 
 Reported: chat requests sent / completed / failed / lost, TTFT and e2e p50/p99, nonces mined vs delivered,
 validations submitted vs answered, callbacks lost, RSS (start of load, peak, final) of the backend and of each
@@ -306,13 +307,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cycles", type=int, default=0, help="mining+validation cycles (0: one per minute)")
     p.add_argument("--callback-interval-s", type=float, default=5.0)
     p.add_argument("--model-dir", type=Path, default=Path("models/tiny-qwen3"))
+    p.add_argument("--shape", default="tiny", help="the generated model's shape in --model-dir (generated if "
+                   "missing): tiny on the CPU, qwen3-0.6b on a GPU")
     p.add_argument("--work-dir", type=Path, default=None, help="logs and state (default: a fresh /tmp dir)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     raise_on_signals()
     from backend.tools.modelgen import ensure_model
     work = args.work_dir or Path(f"/tmp/pocserve-soak-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-    cfg = SoakConfig(work_dir=work, model_dir=ensure_model(args.model_dir, "tiny"), seconds=args.seconds,
+    cfg = SoakConfig(work_dir=work, model_dir=ensure_model(args.model_dir, args.shape), seconds=args.seconds,
                      concurrency=args.concurrency, max_tokens=args.max_tokens, num_cycles=args.cycles,
                      callback_interval_s=args.callback_interval_s)
     print(f"soak: {cfg.seconds:.0f} s, {cfg.concurrency} streams over {cfg.num_frontends} frontends, "

@@ -15,6 +15,8 @@
 #                                             # tests on the CUDA engine (TESTS=0 skips them)
 #   bash scripts/gpu_check.sh bursts          # 16-stream bursts to an idle node, without a round and during one
 #                                             # (0.6B), for this tree and others (RUNS="TREE:SHARE ...")
+#   bash scripts/gpu_check.sh soak            # bench.soak on the 0.6B shape (SOAK_S seconds, default 600): RSS
+#                                             # slope per process after warm-up, nothing lost
 #   bash scripts/gpu_check.sh startup         # first (cold caches) and second start of the backend, 0.6B and
 #                                             # tiny-moe, with each start's phases (bench/startup.py)
 #   bash scripts/gpu_check.sh poc-parts N Q   # the qwen3-235b-a22b shape at N layers, Q none|fp8: PoC vs bare at
@@ -204,6 +206,10 @@ PY
       grep -h "poc_paced" /tmp/pocserve-bench-beside/backend-shared.log 2>/dev/null \
         | tail -3 | cut -c1-300 | tee -a "$out/bursts.txt" || true
     done
+    ;;
+  soak)  # bench.soak on the 0.6B shape: RSS slope per process after warm-up (SOAK_S seconds, default 600)
+    python3 -m bench.soak --shape qwen3-0.6b --model-dir models/qwen3-0.6b --seconds "${SOAK_S:-600}" \
+      --json "$out/soak.json" 2>&1 | quiet | tail -30 | tee "$out/soak.txt"
     ;;
   startup)  # startup [SHAPE...] (default: qwen3-0.6b tiny-moe)
     shift; shapes=("$@"); [ ${#shapes[@]} -eq 0 ] && shapes=(qwen3-0.6b tiny-moe)
