@@ -31,6 +31,7 @@ def configure_logging(fmt: str = "console", level: str = "info") -> None:
         cache_logger_on_first_use=True,
     )
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(model_output_errors_in_one_line)
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=shared,
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
@@ -44,6 +45,21 @@ def configure_logging(fmt: str = "console", level: str = "info") -> None:
         lg.handlers[:] = []
         lg.propagate = True
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
+
+
+# vLLM's tool parsers log a traceback at error level when the model's output is not the tool-call syntax they
+# parse (the text is then returned as content, the request succeeds). That is the model's output, not a fault of the
+# server: one warning line with the reason, so that a traceback in a log still means an error of ours.
+MODEL_OUTPUT_LOGGERS = "vllm.tool_parsers"
+
+
+def model_output_errors_in_one_line(record: logging.LogRecord) -> bool:
+    if record.exc_info and (record.name + ".").startswith(MODEL_OUTPUT_LOGGERS + "."):
+        exc = record.exc_info[1]
+        record.msg = f"{record.getMessage()} ({type(exc).__name__}: {exc})"
+        record.args, record.exc_info, record.exc_text = None, None, None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+    return True
 
 
 def log_format_setting() -> Any:
