@@ -153,6 +153,28 @@ def group_rss_bytes(pgids: list[int]) -> dict[int, int]:
     return totals
 
 
+def rss_by_mapping_mb(pid: int) -> dict[str, float]:
+    """One process's resident memory by kind of mapping (Linux /proc/PID/smaps; {} elsewhere or once it exited):
+    glibc's main heap, anonymous mappings (other allocators, thread stacks, pinned host memory), device mappings
+    (/dev/...: a GPU driver's), files, and the kernel's named ones ([stack], [vdso], ...). Says where a growth is."""
+    out = {"heap": 0.0, "anonymous": 0.0, "device": 0.0, "file": 0.0, "other": 0.0}
+    kind = "other"
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                first = line.split(maxsplit=1)[0]
+                if "-" in first and not first.endswith(":"):  # a mapping's header: range perms offset dev inode [path]
+                    parts = line.split(maxsplit=5)
+                    path = parts[5].strip() if len(parts) > 5 else ""
+                    kind = ("heap" if path == "[heap]" else "anonymous" if not path else "device"
+                            if path.startswith("/dev/") else "other" if path.startswith("[") else "file")
+                elif first == "Rss:":
+                    out[kind] += int(line.split()[1]) / 1024
+    except OSError:
+        return {}
+    return {k: round(v, 1) for k, v in out.items()}
+
+
 def stop_all(procs: list[Proc]) -> None:
     """Stops in reverse start order (frontend before backend); every one even if another fails.
 

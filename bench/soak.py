@@ -38,6 +38,7 @@ from bench.procs import (
     group_rss_bytes,
     machine_busy_s,
     raise_on_signals,
+    rss_by_mapping_mb,
     stop_all,
     wait_http_ok,
 )
@@ -128,10 +129,14 @@ class MemorySampler:
         self.procs = procs
         self.figures = {p.name: {"start_mb": 0.0, "peak_mb": 0.0, "final_mb": 0.0} for p in procs}
         self.samples: dict[str, list[tuple[float, float]]] = {p.name: [] for p in procs}
+        # The engine process's (the backend group's leader) RSS by kind of mapping, first and last sample.
+        self.engine_mappings: dict[str, dict[str, float]] = {}
 
     def sample(self) -> None:
         rss = group_rss_bytes([p.pid for p in self.procs])
         now = time.monotonic()
+        if not self.engine_mappings:
+            self.engine_mappings = {"start_mb": rss_by_mapping_mb(self.procs[0].pid)}
         for p in self.procs:
             mb, f = rss.get(p.pid, 0) / _MB, self.figures[p.name]
             f["start_mb"] = f["start_mb"] or mb
@@ -141,6 +146,11 @@ class MemorySampler:
         # worker), by process name, so that a slope says which process grows.
         for name, mb in member_rss_mb({p.pid: p.name for p in self.procs}).items():
             self.samples.setdefault(name, []).append((now, mb))
+
+    def finish(self) -> None:
+        """The last sample, with the engine's mappings again."""
+        self.sample()
+        self.engine_mappings["final_mb"] = rss_by_mapping_mb(self.procs[0].pid)
 
     def slopes(self, warmup_fraction: float = 1 / 3) -> dict[str, float]:
         """RSS slope in MB/min per process group over the samples after the first `warmup_fraction` of the run
@@ -206,7 +216,7 @@ async def soak(cfg: SoakConfig, procs: list[Proc], urls: list[str], receiver: Re
         client_cpu_s = _client_cpu() - client_before
         final = await drain(control, urls, driver, cfg.drain_timeout_s)
         sampler.cancel()
-        await asyncio.to_thread(memory.sample)
+        await asyncio.to_thread(memory.finish)
         health = {}
         for name, url in zip([p.name for p in procs[1:]], urls, strict=False):
             async with control.get(f"{url}/health") as resp:
@@ -215,6 +225,7 @@ async def soak(cfg: SoakConfig, procs: list[Proc], urls: list[str], receiver: Re
     return {
         "chat": summarize_chat(streams, load_s, len(urls)), "pow": summarize_pow(driver),
         "memory": memory.figures, "rss_slope_mb_per_min": memory.slopes(), "load_s": load_s,
+        "engine_rss_by_mapping": memory.engine_mappings,
         "cpu_pct": {"servers": 100 * cpu[1] / load_s, "client": 100 * client_cpu_s / load_s,
                     "foreign": 100 * (cpu[0] - cpu[1] - client_cpu_s) / load_s},
         "health": {"http": health, "alive": alive},
@@ -291,6 +302,9 @@ def print_report(r: dict) -> None:
     rows += [(f"RSS MB {name} start/peak/final", " / ".join(f"{v:.0f}" for v in m.values()))
              for name, m in r["memory"].items()]
     rows += [(f"RSS slope {name} after warm-up", f"{v:+.2f} MB/min") for name, v in r["rss_slope_mb_per_min"].items()]
+    by_mapping = r.get("engine_rss_by_mapping") or {}
+    rows += [(f"engine RSS {kind} start/final", f"{mb:.0f} / {by_mapping['final_mb'][kind]:.0f} MB")
+             for kind, mb in by_mapping.get("start_mb", {}).items() if kind in by_mapping.get("final_mb", {})]
     width = max(len(label) for label, _ in rows)
     for label, value in rows:
         print(f"{label:<{width}}  {value}")

@@ -27,3 +27,8 @@ def test_soak_loses_nothing_and_stays_healthy(model_dir, tmp_path):
     assert report["health"] == {"http": {"frontend0": 200, "frontend1": 200},
                                 "alive": {"backend": True, "frontend0": True, "frontend1": True}}
     assert report["backend"]["pocserve_callbacks_dropped_total"] == 0
+    # Where the engine's memory sits, first and last sample: the heap and the model's file mappings are resident.
+    by_mapping = report["engine_rss_by_mapping"]
+    assert set(by_mapping) == {"start_mb", "final_mb"}
+    for mb in by_mapping.values():
+        assert set(mb) == {"heap", "anonymous", "device", "file", "other"} and mb["heap"] > 0 and mb["file"] > 0
