@@ -174,8 +174,7 @@ class ChatCompletionRequest(_Sampling):
     enforced_str: Text | None = None
     # The schema says what the validator below refuses (an empty array), as OpenAI's API does.
     tools: list[ToolParam] | None = Field(None, json_schema_extra={"minItems": 1}, description=(
-        "Function names must be unique (a 400 naming `tools`): a tool call names its function. JSON "
-        "Schema cannot state uniqueness by a key."))
+        "Two tools may share a function name, as vLLM serves them (a tool call names only the function)."))
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(None, description=(
         "Any choice but \"none\" needs `tools` (stated), and a named function must be one of `tools`: a 400 "
         "naming `tool_choice` otherwise (JSON Schema cannot compare the name with the array's names)."))
@@ -186,9 +185,6 @@ class ChatCompletionRequest(_Sampling):
     def _some_tools(cls, v: list[ToolParam] | None) -> list[ToolParam] | None:
         if v is not None and not v:
             raise ValueError("must not be an empty array; give at least one tool or leave the field out")
-        names = [t.function.name for t in v or ()]
-        if len(set(names)) != len(names):
-            raise ValueError("function names must be unique")
         return v
 
     @field_validator("tool_choice")

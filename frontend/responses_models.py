@@ -193,8 +193,7 @@ class ResponsesRequest(_Strict):
         "\"required\" needs `tools` (stated), and a named function must be one of `tools`: a 400 naming "
         "`tool_choice` otherwise (JSON Schema cannot compare the name with the array's names)."))
     tools: list[FunctionTool] = Field([], description=(
-        "Function names must be unique (a 400 naming `tools`): a tool call names its function. JSON "
-        "Schema cannot state uniqueness by a key."))
+        "Two tools may share a function name, as vLLM serves them (a tool call names only the function)."))
     top_logprobs: TopLogprobs | None = 0
     truncation: Annotated[Literal["auto", "disabled"] | None, _only(
         "disabled", "Only \"disabled\": the prompt is never truncated (\"auto\" is a 400).")] = "disabled"
@@ -224,14 +223,6 @@ class ResponsesRequest(_Strict):
     def _some_input(cls, v: str | list) -> str | list:
         if isinstance(v, list) and not v:
             raise ValueError("must not be an empty list")
-        return v
-
-    @field_validator("tools")
-    @classmethod
-    def _unique_names(cls, v: list[FunctionTool]) -> list[FunctionTool]:
-        names = [t.name for t in v]
-        if len(set(names)) != len(names):
-            raise ValueError("function names must be unique")
         return v
 
     def is_logprobs(self) -> bool:

@@ -72,7 +72,6 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"
 
 @pytest.mark.parametrize("change,path", [
     ({"tools": []}, ("tools",)),
-    ({"tools": [TOOL, TOOL]}, ("tools",)),
     ({"tools": [{"type": "function", "function": {"name": ""}}]}, ("tools", 0, "function", "name")),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]},
      ("tools", 0, "function", "parameters")),
