@@ -4,8 +4,8 @@ vLLM's fused-MoE Triton kernel picks its tiles from the tokens in a step, M: fro
 tuning batch sizes, or from defaults that change at M = 4, 8, 16, 32, 64, 96 and 512. Triton builds one binary per
 tile configuration and per specialisation of its integer arguments (M × top-k divisible by 16 or not: M even or
 odd). vLLM's own warm-up runs one size eager (max_num_batched_tokens) and, compiled, its CUDA graph sizes, so every
-other configuration is built at the first chat step that meets it: on the 235B shape at TP=4, the "Triton kernel JIT
-compilation during inference: fused_moe_kernel" warnings and 1-2.5 s of TTFT p99 in the first rounds
+other configuration is built at the first chat step that meets it: on the 235B shape at TP=4, `vllm serve`'s "Triton
+kernel JIT compilation during inference: fused_moe_kernel" warning and TTFT p99 of 4-6 s in its first rounds
 (docs/benchmarks.md). Running the model at each tuning size and its odd neighbour pays that before ready.
 """
 
@@ -49,9 +49,9 @@ def _counting_triton_builds() -> tuple[Callable[[], int], Callable[[], None]]:
     are expected, and vLLM warns only once per kernel name, so they would hide a later miss."""
     try:
         from triton import knobs  # type: ignore[import-untyped,unused-ignore]
-    except ImportError:  # no Triton (the CPU build): nothing to count
+        previous = knobs.runtime.jit_post_compile_hook
+    except (ImportError, AttributeError):  # no Triton (the CPU build), or one without the hook: nothing to count
         return (lambda: 0), (lambda: None)
-    previous = knobs.runtime.jit_post_compile_hook
     builds = [0]
 
     def count(**_kwargs: Any) -> None:
