@@ -107,14 +107,15 @@ case "${1:-tests}" in
              # batch 8, 16, 32 × 1024 on dummy weights, each batch's own peak memory, with the node's step of 32768
     read -r layers tp quant extra <<< "${FULLPOC:-94 4 fp8}"
     qflag=(); [ "$quant" = fp8 ] && qflag=(--quant fp8)
+    tag=$(echo "tp$tp$extra" | tr -cs 'a-zA-Z0-9\n' '-')  # plain characters for the files' names
     free_gpus
     timeout --signal=INT "${TIMEOUT_S:-420}" python3 -m bench.poc_forward --shape qwen3-235b-a22b \
       --num-layers "$layers" "${qflag[@]}" --config-only --model-dir "models/qwen3-235b-a22b-${layers}l-$quant-config-only" \
       --seq-lens 1024 --batches 8 16 32 64 --iters 3 --rounds 3 --max-num-batched-tokens 32768 \
       --gpu-memory-utilization 0.9 --engine-arg=--tensor-parallel-size="$tp" --engine-arg=--enforce-eager $extra \
-      --json "$out/full-poc-tp$tp${extra// /}.json" 2>&1 | tee "$out/full-poc-tp$tp${extra// /}.log" \
+      --json "$out/full-poc-$tag.json" 2>&1 | tee "$out/full-poc-$tag.log" \
       | grep -E "^L=|^device|kernel_warmup|engine_ready|Error|Traceback" | cut -c1-400 | tee -a "$out/full-poc.txt"
-    grep -A40 "^Traceback" "$out/full-poc-tp$tp${extra// /}.log" | tail -40 || true  # the whole error, where one
+    grep -A40 "^Traceback" "$out/full-poc-$tag.log" | tail -40 || true  # the whole error, where one
     free_gpus
     ;;
   full-serving)
