@@ -71,14 +71,10 @@ def _stop(base: str) -> None:
     httpx.post(f"{_pow(base)}/stop", timeout=120).raise_for_status()
 
 
-def _mark(base: str, args) -> tuple[float, int, float]:
-    return mark(base, args.seq_len)
-
-
 def _round_rate(base: str, args) -> float:
-    since = _mark(base, args)
+    since = mark(base, args.seq_len)
     time.sleep(args.seconds)
-    return rates(since, _mark(base, args))[0]
+    return rates(since, mark(base, args.seq_len))[0]
 
 
 def jobs_part(model_dir: Path, args) -> dict:
@@ -212,15 +208,15 @@ def chat_part(model_dir: Path, args) -> dict:
         _init(base, args)
         try:
             time.sleep(args.settle_s)
-            since = _mark(base, args)
+            since = mark(base, args.seq_len)
             under_load: dict = {}
             inside: list = []
 
             def mark_inside() -> None:  # PoC's count 1 s into the chat load and 1 s before its end: beside chat
                 time.sleep(1.0)
-                inside.append(_mark(base, args))
+                inside.append(mark(base, args.seq_len))
                 time.sleep(max(0.1, args.seconds - 2.0))
-                inside.append(_mark(base, args))
+                inside.append(mark(base, args.seq_len))
 
             def beside_both() -> None:  # a validation job and a greedy chat, while the round and the chats run
                 time.sleep(min(2.0, args.seconds / 4))
@@ -237,7 +233,7 @@ def chat_part(model_dir: Path, args) -> dict:
             # on the CPU engine, where a forward beside chat is one sequence, half of a 15 s window): counted per
             # forward, and in the batch count once it is done.
             probe_in_window = under_load.get("probe_done", float("inf")) <= ended
-            poc_batches = rates(since, _mark(base, args))[1]
+            poc_batches = rates(since, mark(base, args.seq_len))[1]
             poc_batches += args.batch_size / (time.perf_counter() - since[0]) if probe_in_window else 0.0
             marks_thread.join()
             poc_beside = rates(*inside)[0]
@@ -325,9 +321,9 @@ def bursts_part(model_dir: Path, args) -> dict:
         _init(base, args)
         try:
             time.sleep(args.settle_s)
-            since = _mark(base, args)
+            since = mark(base, args.seq_len)
             during = _ttft(_bursts(base, args, clients))
-            poc_during, poc_batches = rates(since, _mark(base, args))
+            poc_during, poc_batches = rates(since, mark(base, args.seq_len))
             probes = _probes_beside_bursts(base, args, clients)
         finally:
             _stop(base)

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from bench.procs import Proc, free_port, raise_on_sigterm, stop_all, wait_http_ok
+from bench.prom import labelled, totals
 from tests.backend_client import RawBackend
 
 NODE = {"block_hash": "BENCH", "block_height": 1, "public_key": "bench_key", "node_id": 0, "node_count": 1}
@@ -50,15 +50,10 @@ def poc_nonces(base: str, seq_len: int) -> float:
     of the same forwards (0.33x or 0.49x). Chat's part reaches the histogram with the backend's stats, a little
     later than its own counters: the error is what chat computes meanwhile, well under a nonce of 1024 tokens."""
     text = httpx.get(f"{base}/metrics", timeout=30).text
-    tokens = 0.0
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == "vllm:iteration_tokens_total_sum":
-                tokens += s.value
-            elif s.name == "vllm:generation_tokens_total" or (
-                    s.name == "vllm:prompt_tokens_by_source_total" and s.labels.get("source") == "local_compute"):
-                tokens -= s.value
-    return tokens / seq_len
+    sums = totals(text)
+    chat = (sums.get("vllm:generation_tokens_total", 0.0)
+            + labelled(text, "vllm:prompt_tokens_by_source_total", source="local_compute"))
+    return (sums.get("vllm:iteration_tokens_total_sum", 0.0) - chat) / seq_len
 
 
 def mark(base: str, seq_len: int) -> tuple[float, int, float]:

@@ -16,3 +16,9 @@ def totals(text: str) -> dict[str, float]:
         for sample in family.samples:
             out[sample.name] += sample.value
     return dict(out)
+
+
+def labelled(text: str, name: str, **labels: str) -> float:
+    """The sum of sample `name` over the label sets that carry these labels (e.g. one `source` of a counter)."""
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))

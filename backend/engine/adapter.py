@@ -85,7 +85,7 @@ class Engine:
     def _warm_up_kernels(self, settings: BackendSettings, step_tokens: int) -> None:
         """--kernel-warmup (backend/engine/warmup.py): the first chat of each step size compiles nothing."""
         if warmup.wanted(settings.kernel_warmup, str(self.vllm_config.device_config.device_type),
-                         self.vllm_config.model_config.hf_config):
+                         self.vllm_config.model_config.is_moe):
             sizes = warmup.warmup_sizes(step_tokens)
             done = self.core.collective_rpc("warm_up_kernels", args=(sizes,))
             log.info("kernel_warmup", sizes=len(sizes), largest=sizes[0],

@@ -31,17 +31,10 @@ def warmup_sizes(max_tokens: int) -> list[int]:
     return sorted(sizes, reverse=True)
 
 
-def has_experts(hf_config: Any) -> bool:
-    """A mixture-of-experts model (Qwen3-MoE's num_experts, DeepSeek's n_routed_experts, Mixtral's
-    num_local_experts)."""
-    text = getattr(hf_config, "text_config", None) or hf_config
-    return any(int(getattr(text, name, 0) or 0) > 0
-               for name in ("num_experts", "n_routed_experts", "num_local_experts"))
-
-
-def wanted(mode: str, device_type: str, hf_config: Any) -> bool:
-    """--kernel-warmup: on, off, or auto = MoE models on CUDA (the CPU engine compiles no Triton kernels)."""
-    return mode == "on" or (mode == "auto" and device_type == "cuda" and has_experts(hf_config))
+def wanted(mode: str, device_type: str, is_moe: bool) -> bool:
+    """--kernel-warmup: on, off, or auto = MoE models (vLLM's ModelConfig.is_moe) on CUDA (the CPU engine compiles
+    no Triton kernels)."""
+    return mode == "on" or (mode == "auto" and device_type == "cuda" and is_moe)
 
 
 def _counting_triton_builds() -> tuple[Callable[[], int], Callable[[], None]]:

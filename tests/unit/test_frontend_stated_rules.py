@@ -119,18 +119,24 @@ REFUSED = ["ftp://dapi/x", "dapi:9100", "http://", "http://dapi:99999/x", "http:
            " http://dapi", "http://dapi\t/x", "http://dapi/\u00e9", "http://a:1:2/", "http//dapi", "http:dapi"]
 
 
-@pytest.mark.parametrize("url", ACCEPTED + REFUSED)
-async def test_callback_url_is_accepted_exactly_when_the_schema_says_valid(schema, url):
-    [string] = members(body_schema(schema, "/api/v1/pow/generate")["properties"]["url"], "string")
-    valid = jsonschema.Draft202012Validator(string).is_valid(url)
-    assert valid == (url in ACCEPTED)
-    r = await request(make_app(NoPowBackend()), "POST", "/api/v1/pow/generate", json={**GENERATE, "url": url})
+async def _generate_answers(valid: bool, change: dict, param: str, phrase: str) -> None:
+    """/api/v1/pow/generate with `change`: past validation (at the stand-in backend, 503) when `valid`, else a 400
+    naming `param` whose message holds `phrase`."""
+    r = await request(make_app(NoPowBackend()), "POST", "/api/v1/pow/generate", json={**GENERATE, **change})
     if valid:
         assert r.status_code == 503, r.text  # past validation, at the stand-in backend
     else:
         assert r.status_code == 400, r.text
         error = r.json()["error"]
-        assert error["param"] == "url" and "http:// or https:// URL" in error["message"], error
+        assert error["param"] == param and phrase in error["message"], error
+
+
+@pytest.mark.parametrize("url", ACCEPTED + REFUSED)
+async def test_callback_url_is_accepted_exactly_when_the_schema_says_valid(schema, url):
+    [string] = members(body_schema(schema, "/api/v1/pow/generate")["properties"]["url"], "string")
+    valid = jsonschema.Draft202012Validator(string).is_valid(url)
+    assert valid == (url in ACCEPTED)
+    await _generate_answers(valid, {"url": url}, "url", "http:// or https:// URL")
 
 
 def _parses_as_before(url: str) -> bool:
@@ -185,14 +191,7 @@ async def test_the_two_threshold_names_state_one_of_them(schema):
                         ({"fraud_threshold": 0.1, "p_value_threshold": 0.1}, False),
                         ({"fraud_threshold": 0.1, "p_value_threshold": 0.2}, False)]:
         assert validator.is_valid(body) == valid, body
-        r = await request(make_app(NoPowBackend()), "POST", "/api/v1/pow/generate",
-                          json={**GENERATE, "stat_test": body})
-        if valid:
-            assert r.status_code == 503, r.text  # past validation, at the stand-in backend
-        else:
-            assert r.status_code == 400, r.text
-            error = r.json()["error"]
-            assert error["param"] == "stat_test" and "send one of them" in error["message"], error
+        await _generate_answers(valid, {"stat_test": body}, "stat_test", "send one of them")
 
 
 # --- /v1/responses/{id}: vLLM's 404 for every id, left out of the schema ---

@@ -1,10 +1,8 @@
 """The kernel warm-up's sizes and when it runs (backend/engine/warmup.py)."""
 
-from types import SimpleNamespace
-
 import pytest
 
-from backend.engine.warmup import TUNING_SIZES, has_experts, wanted, warmup_sizes
+from backend.engine.warmup import TUNING_SIZES, wanted, warmup_sizes
 
 
 def test_sizes_cover_every_tuning_size_and_its_odd_neighbour_up_to_the_step():
@@ -35,19 +33,6 @@ def test_sizes_refuse_an_empty_step():
         warmup_sizes(0)
 
 
-@pytest.mark.parametrize("config, moe", [
-    (SimpleNamespace(num_experts=128), True),
-    (SimpleNamespace(n_routed_experts=256), True),
-    (SimpleNamespace(num_local_experts=8), True),
-    (SimpleNamespace(text_config=SimpleNamespace(num_experts=8)), True),
-    (SimpleNamespace(num_experts=0), False),
-    (SimpleNamespace(num_experts=None), False),
-    (SimpleNamespace(hidden_size=1024), False),
-])
-def test_has_experts(config, moe):
-    assert has_experts(config) is moe
-
-
 @pytest.mark.parametrize("mode, device, moe, runs", [
     ("auto", "cuda", True, True),
     ("auto", "cuda", False, False),
@@ -57,4 +42,4 @@ def test_has_experts(config, moe):
     ("off", "cuda", True, False),
 ])
 def test_wanted(mode, device, moe, runs):
-    assert wanted(mode, device, SimpleNamespace(num_experts=8 if moe else 0)) is runs
+    assert wanted(mode, device, moe) is runs
