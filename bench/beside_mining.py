@@ -358,6 +358,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="both: jobs and chat; bursts runs alone")
     from backend.tools.modelgen import SHAPES
     p.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
+    p.add_argument("--model-dir", type=Path, default=None,
+                   help="a model directory as it is, not generated (e.g. modelgen --config-only output with "
+                        "--backend-arg=--load-format=dummy)")
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--big-job-nonces", type=int, default=1000)
@@ -378,9 +381,10 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     raise_on_signals()
     from backend.tools.modelgen import ensure_model
-    model_dir = ensure_model(Path(f"models/{args.shape}"), args.shape)
+    model_dir = args.model_dir or ensure_model(Path(f"models/{args.shape}"), args.shape)
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    figures: dict = {"shape": args.shape, "seq_len": args.seq_len, "batch_size": args.batch_size}
+    figures: dict = {"shape": args.shape, "model_dir": str(model_dir), "seq_len": args.seq_len,
+                     "batch_size": args.batch_size}
     if args.part in ("jobs", "both"):
         figures["jobs"] = jobs_part(model_dir, args)
     if args.part in ("chat", "both"):

@@ -30,6 +30,8 @@
 #                                             # warmed until its TTFT p99 settles (SERVING="TP SYSTEMS REQUESTS
 #                                             # CONCURRENCY EXTRA"; eager decode at 94 layers is ~200 ms a
 #                                             # step: 256 requests of each system fit one 10-minute call)
+#   bash scripts/gpu_check.sh full-shared     # the same model: shared mode, chat and a round each against alone
+#                                             # (FULLSHARED="LAYERS TP QUANT")
 #   bash scripts/gpu_check.sh launch          # the ML node's command line with a network config on this GPU
 #                                             # (bench.network_launch; LAUNCH="SHAPE LAYERS QUANT CONFIG")
 #   bash scripts/gpu_check.sh topologies P L  # several GPUs: artifacts on tp1, tp2, pp2 (and tp4, tp2xpp2 on 4+),
@@ -133,6 +135,20 @@ case "${1:-tests}" in
     # Triton builds after ready (vLLM warns once per kernel) and our warm-up's, in each server's log
     grep -cH "JIT compilation during inference" "$out"/logs-full-serving/*.log || true
     grep -h "kernel_warmup\|engine_ready" "$out"/logs-full-serving/*.log | cut -c1-300 || true
+    free_gpus
+    ;;
+  full-shared)  # FULLSHARED="LAYERS TP QUANT" (default: 94 layers, TP=4, block-FP8): shared mode at its default
+                # share on dummy weights: 16 chat streams and a round, each against alone (bench.beside_mining)
+    read -r layers tp quant <<< "${FULLSHARED:-94 4 fp8}"
+    dir=models/qwen3-235b-a22b-${layers}l-$quant-config-only
+    python3 -m backend.tools.modelgen --out "$dir" --shape qwen3-235b-a22b --num-layers "$layers" \
+      $([ "$quant" = fp8 ] && echo --quant fp8) --config-only
+    free_gpus
+    timeout --signal=INT "${TIMEOUT_S:-540}" python3 -m bench.beside_mining --part chat --model-dir "$dir" \
+      --seq-len 1024 --batch-size 32 --streams 16 --max-tokens 64 --seconds 20 --gpu-memory-utilization 0.9 \
+      --backend-arg=--load-format=dummy --backend-arg=--tensor-parallel-size="$tp" --backend-arg=--enforce-eager \
+      --json "$out/full-shared-tp$tp.json" 2>&1 | quiet | tail -12 | tee "$out/full-shared.txt"
+    tail -c 200000 /tmp/pocserve-bench-beside/backend-shared.log > "$out/full-shared-backend.log" || true
     free_gpus
     ;;
   launch)  # the network's launch on this GPU: LAUNCH="SHAPE LAYERS QUANT CONFIG" (default: the 235B shape at
