@@ -145,13 +145,15 @@ def _stream(client: httpx.Client, base: str, args, out: list) -> None:
             now = time.perf_counter()
             *events, pending = (pending + chunk).split(b"\n\n")
             for event in events:
+                # The role preamble comes with the first token, on both servers. Text is not required: a
+                # model of dummy weights samples tokens that detokenize to nothing, and those send no event.
+                first = first or now
                 if b'"usage":{' in event:
                     match = _COMPLETION_TOKENS.search(event)
                     tokens = int(match.group(1)) if match else 0
-                elif b'"content":"' in event and b'"content":""' not in event:  # not the role preamble
-                    first = first or now
+                elif event.strip() != b"data: [DONE]":
                     last = now
-    assert first is not None and last is not None and tokens > 1
+    assert first is not None and last is not None and tokens > 1, (first, last, tokens)
     out.append((first - started, (last - first) / (tokens - 1), tokens))
 
 
@@ -161,19 +163,26 @@ def _chat_load(base: str, args) -> dict:
     deadline = time.perf_counter() + args.seconds
     started = time.perf_counter()
 
+    errors: list[BaseException] = []
+
     def worker() -> None:
         # One client per stream, its connection kept: a client made per request (httpx.stream) builds an SSL
         # context each time, ~10-25 ms of the client's CPU under the GIL, and that counted as TTFT.
-        with httpx.Client(timeout=600) as client:
-            _stream(client, base, args, results)
-            while time.perf_counter() < deadline:
+        try:
+            with httpx.Client(timeout=600) as client:
                 _stream(client, base, args, results)
+                while time.perf_counter() < deadline:
+                    _stream(client, base, args, results)
+        except Exception as e:  # a dead stream would leave the figures of fewer streams than asked
+            errors.append(e)
 
     threads = [threading.Thread(target=worker) for _ in range(args.streams)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    if errors:
+        raise RuntimeError(f"{len(errors)} of {args.streams} streams failed, the first: {errors[0]!r}")
     elapsed = time.perf_counter() - started
     ttft, tpot, tokens = (np.array(x) for x in zip(*results, strict=True))
     return {"tokens_per_s": float(tokens.sum() / elapsed), "num_requests": len(results),
