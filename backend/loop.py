@@ -153,7 +153,7 @@ class BackendLoop:
                 started = time.perf_counter()
                 self.step_engine()
                 cost, max_batch = self.artifacts.next_forward()
-                min_forward_s = cost.seconds(min(cost.efficient_size(), max_batch)) if cost is not None else 0.0
+                min_forward_s = cost.seconds(policy.smallest_forward(cost, max_batch)) if cost is not None else 0.0
                 self.share.after_step(time.perf_counter() - started, is_poc_waiting=len(self.artifacts) > 0,
                                       min_forward_s=min_forward_s)
             case policy.PocBatch(limit=limit, parked=parked):

@@ -3,12 +3,13 @@
 When chat and PoC work compete, chat keeps its share of the device (`share.py` keeps the account): PoC runs only
 once its credit buys an efficient forward (pow/cost.py: at most a fifth of its time fixed overhead), and then as
 many sequences as the credit buys. A chat request still being tokenized counts as chat: PoC does not start a long
-forward just before it reaches the engine, and neither does chat that had work a moment ago (the loop's linger:
-a client's next request is usually on its way). With chat idle, PoC runs forwards back to back, each at most
-IDLE_FORWARD_S long (a chat that arrives waits for the one in flight) unless a shorter one would waste more than
-IDLE_MAX_OVERHEAD of its time, and whole ones while chat is gated (an exclusive round); with nothing to run, the
-loop blocks on its inbox. That is `choose`, for time-slicing; where PoC forwards run beside chat steps
-(--poc-overlap) the loop asks `choose_overlapped` instead.
+forward just before it reaches the engine, and neither does chat that had work a moment ago (the loop's linger: a
+client's next request is usually on its way). While every recent forward had one size, the next is of another
+(twice or half, `_probe_size`): one size alone cannot tell fixed overhead from per-sequence time. With chat idle,
+PoC runs forwards back to back, each at most IDLE_FORWARD_S long (a chat that arrives waits for the one in flight)
+unless a shorter one would waste more than IDLE_MAX_OVERHEAD of its time, and whole ones while chat is gated (an
+exclusive round); with nothing to run, the loop blocks on its inbox. That is `choose`, for time-slicing; where PoC
+forwards run beside chat steps (--poc-overlap) the loop asks `choose_overlapped` instead.
 
 Where the engine can park a forward between its decoder layers (one rank, time-sliced: `PocRunner.parks`), an idle
 forward is started parked (`PocBatch(parked=True)`) and run a chunk of layers at a time (`PocChunk`): a request
@@ -128,9 +129,26 @@ def choose(s: Snapshot) -> Work:
     if s.poc_cost is None:
         return PocBatch(limit=1)  # one sequence first: its time starts the cost model
     affordable = s.poc_cost.sequences_within(s.poc_credit_s)
-    if affordable < min(s.poc_cost.efficient_size(), s.poc_max_batch):
-        return chat  # keep earning until the forward is worth its overhead
-    return PocBatch(limit=affordable)
+    if affordable < smallest_forward(s.poc_cost, s.poc_max_batch):
+        return chat  # keep earning until the forward is worth its overhead (or is the probe)
+    return PocBatch(limit=_probe_size(s.poc_cost, s.poc_max_batch) or affordable)
+
+
+def _probe_size(cost: Cost, max_batch: int) -> int:
+    """While every recent forward had one size, a forward of another size (twice it, or half where twice does not
+    fit), so that the cost model can tell overhead from per-sequence time; 0 once it can. Until then a forward of
+    one sequence looks efficient however much of it is overhead: at full depth (the 235B model, TP=2) one sequence
+    took ~145 ms against ~50 ms a sequence in whole forwards, and shared mode kept PoC at a third of its rate."""
+    n = cost.only_size
+    if not n:
+        return 0
+    return 2 * n if 2 * n <= max_batch else n // 2
+
+
+def smallest_forward(cost: Cost, max_batch: int) -> int:
+    """The fewest sequences PoC waits to afford beside chat: an efficient forward (or the task's rest), or the
+    probe. The share's credit cap is sized by this forward, so it can always be afforded."""
+    return max(min(cost.efficient_size(), max_batch), _probe_size(cost, max_batch))
 
 
 def _idle_forward(s: Snapshot) -> PocBatch:
@@ -139,7 +157,9 @@ def _idle_forward(s: Snapshot) -> PocBatch:
     # Parked, a new request waits for one layer chunk: the forward is bound per layer instead of whole.
     bound_s = PARKED_WAIT_S * s.poc_num_layers if s.can_park_poc else IDLE_FORWARD_S
     max_overhead = IDLE_MAX_OVERHEAD if s.is_chat_quiet else MAX_OVERHEAD_SHARE
-    size = max(s.poc_cost.sequences_within(bound_s), s.poc_cost.efficient_size(max_overhead))
+    size = min(max(s.poc_cost.sequences_within(bound_s), s.poc_cost.efficient_size(max_overhead)), s.poc_max_batch)
+    if size == s.poc_cost.only_size:
+        size = _probe_size(s.poc_cost, s.poc_max_batch) or size
     return PocBatch(limit=None if size >= s.poc_max_batch else size, parked=s.can_park_poc)
 
 

@@ -22,6 +22,9 @@ MAX_OVERHEAD_SHARE = 0.2
 class Cost:
     overhead_s: float
     per_seq_s: float
+    # The one size every recent forward had (0 once sizes vary): overhead cannot be told from per-sequence cost
+    # then, and counts as none, so a forward of that size always looks efficient (backend/policy.py probes).
+    only_size: int = 0
 
     def seconds(self, num_seqs: int) -> float:
         return self.overhead_s + num_seqs * self.per_seq_s
@@ -39,6 +42,7 @@ class Cost:
 class CostModel:
     def __init__(self) -> None:
         self._seen: dict[int, deque[tuple[int, float]]] = {}
+        self._fitted: dict[int, Cost] = {}
 
     def observe(self, seq_len: int, num_seqs: int, elapsed_s: float) -> None:
         self._seen.setdefault(seq_len, deque(maxlen=_WINDOW)).append((num_seqs, elapsed_s))
@@ -54,5 +58,8 @@ class CostModel:
             slope = sum((n - n_mean) * (t - t_mean) for n, t in seen) / var
             intercept = t_mean - slope * n_mean
             if slope > 0 and intercept >= 0:
-                return Cost(intercept, slope)
-        return Cost(0.0, t_mean / n_mean)
+                self._fitted[seq_len] = Cost(intercept, slope)
+        elif seq_len not in self._fitted:
+            return Cost(0.0, t_mean / n_mean, only_size=seen[0][0])
+        # Recent forwards all of one size, or a fit that noise made meaningless: the last good fit, if any.
+        return self._fitted.get(seq_len, Cost(0.0, t_mean / n_mean))

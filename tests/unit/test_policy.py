@@ -20,6 +20,9 @@ CPU_COST = Cost(overhead_s=0.001, per_seq_s=0.127)
 # A forward whose 5% floor is 3 sequences and whose 20% floor is 1 (10 ms overhead, 84 ms a sequence).
 CPU_BURSTY = Cost(overhead_s=0.01, per_seq_s=0.084)
 
+# The 235B model at TP=2 in shared mode (docs/benchmarks.md): only one-sequence forwards seen, 145 ms each.
+FULL_DEPTH_ONE_SIZE = Cost(overhead_s=0.0, per_seq_s=0.145, only_size=1)
+
 # (snapshot, expected work, why): one row per case the loop must get right.
 DECISIONS = [
     (Snapshot(has_engine_work=True), EngineStep(), "vLLM has unfinished requests: step the engine"),
@@ -68,6 +71,18 @@ DECISIONS = [
      "PoC found no free KV blocks: an engine step frees some first"),
     (Snapshot(has_engine_work=False, has_poc_work=True, is_poc_blocked=True, is_chat_gated=True), PocBatch(),
      "blocked but nothing else runs: retry the PoC (blocks free up only from it)"),
+    # --- a cost learned from one forward size only: probe another (full depth: 145 ms one sequence, 50 ms each whole)
+    (Snapshot(has_engine_work=False, is_chat_quiet=False, has_poc_work=True, poc_cost=FULL_DEPTH_ONE_SIZE,
+              poc_max_batch=32), PocBatch(limit=2),
+     "chat idle, only one-sequence forwards seen: twice that, so that overhead can be told from per-sequence time"),
+    (Snapshot(has_engine_work=False, has_poc_work=True, poc_cost=Cost(0.0, 0.005, only_size=32), poc_max_batch=32),
+     PocBatch(limit=16), "chat idle, only whole forwards seen: half of one probes"),
+    (Snapshot(has_engine_work=True, has_poc_work=True, poc_credit_s=0.2, poc_cost=FULL_DEPTH_ONE_SIZE,
+              poc_max_batch=32), EngineStep(), "beside chat, one size seen: PoC earns for the probe, not another one"),
+    (Snapshot(has_engine_work=True, has_poc_work=True, poc_credit_s=0.3, poc_cost=FULL_DEPTH_ONE_SIZE,
+              poc_max_batch=32), PocBatch(limit=2), "beside chat, one size seen: the probe once affordable"),
+    (Snapshot(has_engine_work=True, has_poc_work=True, poc_credit_s=0.3, poc_cost=FULL_DEPTH_ONE_SIZE,
+              poc_max_batch=1), PocBatch(limit=2), "one sequence left in the task: no probe, one forward"),
     # --- a forward parked between decoder layers (time-sliced, one rank: PocRunner.parks)
     (Snapshot(has_engine_work=False, has_poc_work=True, can_park_poc=True, poc_num_layers=4),
      PocBatch(limit=1, parked=True), "chat idle, engine parks forwards, cost not learned: one sequence, parked"),
@@ -186,11 +201,25 @@ def test_cost_model_separates_overhead_from_per_sequence_time():
     from backend.pow.cost import CostModel
     model = CostModel()
     model.observe(128, 1, 0.0075)
-    assert model.cost(128) == Cost(0.0, 0.0075)  # one size only: all of it counts per sequence
+    assert model.cost(128) == Cost(0.0, 0.0075, only_size=1)  # one size only: all of it counts per sequence
     model.observe(128, 16, 0.0600)
     cost = model.cost(128)
     assert cost is not None and cost.overhead_s == pytest.approx(0.0040) and cost.per_seq_s == pytest.approx(0.0035)
     assert cost.efficient_size() == 5 and cost.sequences_within(0.02) == 4 and model.cost(64) is None
+    assert cost.only_size == 0
+    for _ in range(40):  # the window forgets the other size: the fit it gave stays
+        model.observe(128, 8, 0.0320)
+    assert model.cost(128) == cost
+
+
+def test_cost_model_without_fixed_cost_does_not_probe():
+    """Forwards whose time is all per sequence give no fit with overhead >= 0 (here 2 sequences cost more than twice
+    one): per-sequence time is the mean, and no probe is asked for."""
+    from backend.pow.cost import CostModel
+    model = CostModel()
+    model.observe(1024, 1, 0.090)
+    model.observe(1024, 2, 0.190)
+    assert model.cost(1024) == Cost(0.0, 0.140 / 1.5)
 
 
 def test_share_credit_is_capped_and_debt_repaid():
