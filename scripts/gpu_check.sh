@@ -17,6 +17,8 @@
 #                                             # (0.6B), for this tree and others (RUNS="TREE:SHARE ...")
 #   bash scripts/gpu_check.sh soak            # bench.soak on the 0.6B shape (SOAK_S seconds, default 600): RSS
 #                                             # slope per process after warm-up, nothing lost
+#   bash scripts/gpu_check.sh soak-start      # the same soak outliving the call (setsid); then, in the next call
+#   bash scripts/gpu_check.sh soak-collect    # on the same machine: wait for it, results to $OUT
 #   bash scripts/gpu_check.sh startup         # first (cold caches) and second start of the backend, 0.6B and
 #                                             # tiny-moe, with each start's phases (bench/startup.py)
 #   bash scripts/gpu_check.sh poc-parts N Q   # the qwen3-235b-a22b shape at N layers, Q none|fp8: PoC vs bare at
@@ -227,6 +229,16 @@ PY
   soak)  # bench.soak on the 0.6B shape: RSS slope per process after warm-up (SOAK_S seconds, default 600)
     python3 -m bench.soak --shape qwen3-0.6b --model-dir models/qwen3-0.6b --seconds "${SOAK_S:-600}" \
       --json "$out/soak.json" 2>&1 | quiet | tail -30 | tee "$out/soak.txt"
+    ;;
+  soak-start)  # the soak in its own session, outliving this call (10 minutes and the start exceed one call's
+               # limit); `soak-collect` in the next call, back to back on the same machine, waits and copies it
+    mkdir -p /tmp/soak-out
+    OUT=/tmp/soak-out setsid nohup bash scripts/gpu_check.sh soak > /tmp/soak-out/run.log 2>&1 < /dev/null &
+    sleep "${WAIT_S:-30}"; tail -5 /tmp/soak-out/run.log
+    ;;
+  soak-collect)
+    while pgrep -f "bench.soak" > /dev/null; do sleep 5; done
+    cp -r /tmp/soak-out/. "$out/"; tail -30 "$out/run.log"
     ;;
   startup)  # startup [SHAPE...] (default: qwen3-0.6b tiny-moe)
     shift; shapes=("$@"); [ ${#shapes[@]} -eq 0 ] && shapes=(qwen3-0.6b tiny-moe)
