@@ -59,8 +59,17 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, i: int, max
     return Result(ok=True, ttft_s=ttft_s, e2e_s=e2e_s, num_output_tokens=final["usage"]["completion_tokens"])
 
 
+def tokens_for(i: int, max_tokens: int, min_tokens: int | None) -> int:
+    """Request i's max_tokens: all at max_tokens, or spread evenly over [min_tokens, max_tokens] by index (the same
+    for every system). Requests of one length in a closed loop end together and come back together: their
+    prefills then land in the same steps, in waves, which spread lengths break up (docs/benchmarks.md)."""
+    if min_tokens is None or min_tokens >= max_tokens:
+        return max_tokens
+    return min_tokens + (i * 7919) % (max_tokens - min_tokens + 1)
+
+
 async def run_load(base_url: str, model: str, *, num_requests: int, concurrency: int, max_tokens: int,
-                   first_index: int = 0) -> tuple[list[Result], float]:
+                   first_index: int = 0, min_tokens: int | None = None) -> tuple[list[Result], float]:
     """Returns each request's result and the wall time of the whole load (first send to last byte)."""
     url = f"{base_url}/v1/chat/completions"
     sem = asyncio.Semaphore(concurrency)
@@ -68,7 +77,8 @@ async def run_load(base_url: str, model: str, *, num_requests: int, concurrency:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency), timeout=timeout) as s:
         async def gated(i: int) -> Result:
             async with sem:
-                return await _one(s, url, model, first_index + i, max_tokens)
+                index = first_index + i
+                return await _one(s, url, model, index, tokens_for(index, max_tokens, min_tokens))
 
         started = time.perf_counter()
         results = await asyncio.gather(*(gated(i) for i in range(num_requests)))

@@ -66,6 +66,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--num-requests", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--min-tokens", type=int, default=None,
+                   help="spread each request's max_tokens evenly over [this, --max-tokens] (default: all equal)")
     p.add_argument("--num-warmup", type=int, default=0,
                    help="requests per warm-up round (0: two per concurrency slot, so the load's batch sizes occur)")
     p.add_argument("--max-warmup-rounds", type=int, default=8,
@@ -163,7 +165,7 @@ def warm_up(name: str, base_url: str, args: argparse.Namespace) -> list[float]:
     for round_no in range(args.max_warmup_rounds):
         warm, wall_s = asyncio.run(run_load(base_url, SERVED_NAME, num_requests=args.num_warmup,
                                             concurrency=args.concurrency, max_tokens=args.max_tokens,
-                                            first_index=1_000_000 * (round_no + 1)))
+                                            first_index=1_000_000 * (round_no + 1), min_tokens=args.min_tokens))
         if not all(r.ok for r in warm):
             raise RuntimeError(f"[{name}] warm-up failed: {next(r.error for r in warm if not r.ok)}")
         figures = summarize(warm, wall_s)
@@ -195,7 +197,8 @@ def bench_system(name: str, args: argparse.Namespace, model_dir: Path) -> dict:
         print(f"[{name}] load: {args.num_requests} requests at concurrency {args.concurrency}", flush=True)
         cpu_before = _cpu_now(procs)
         results, duration_s = asyncio.run(run_load(base_url, SERVED_NAME, num_requests=args.num_requests,
-                                                   concurrency=args.concurrency, max_tokens=args.max_tokens))
+                                                   concurrency=args.concurrency, max_tokens=args.max_tokens,
+                                                   min_tokens=args.min_tokens))
         cpu = [after - before for after, before in zip(_cpu_now(procs), cpu_before, strict=False)]
         for p in procs:
             p.check_running()

@@ -1,4 +1,5 @@
-"""bench.serving's warm-up rule: the load starts once two warm-up rounds in a row agree on TTFT p99."""
+"""bench.serving's warm-up rule (the load starts once two warm-up rounds in a row agree on TTFT p99), and bench.load's
+spread of output lengths."""
 
 import pytest
 
@@ -23,3 +24,14 @@ def test_warmup_defaults_to_two_rounds_of_the_load_s_concurrency() -> None:
     assert args.num_warmup == 32
     assert args.max_warmup_rounds == 8
     assert parse_args(["--engine-arg=--load-format", "--engine-arg=dummy"]).engine_arg == ["--load-format", "dummy"]
+
+
+def test_spread_output_lengths_cover_the_range_evenly():
+    from bench.load import tokens_for
+    assert {tokens_for(i, 64, None) for i in range(100)} == {64}  # the default: one length
+    assert tokens_for(5, 64, 64) == 64
+    lengths = [tokens_for(i, 64, 16) for i in range(49 * 20)]
+    assert min(lengths) == 16 and max(lengths) == 64
+    counts = {n: lengths.count(n) for n in set(lengths)}
+    assert set(counts) == set(range(16, 65)) and set(counts.values()) == {20}  # each length equally often
+    assert lengths == [tokens_for(i, 64, 16) for i in range(49 * 20)]  # by index: the same for both systems
