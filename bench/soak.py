@@ -121,6 +121,10 @@ def member_rss_mb(groups: dict[int, str]) -> dict[str, float]:
     return out
 
 
+# How often the engine's RSS by mapping kind is sampled (a 10-minute soak: 40 samples, enough for a slope).
+MAPPING_EVERY_S = 15.0
+
+
 class MemorySampler:
     """RSS of each process group once a second: at the start of the load, the peak, the last sample, and the slope
     after warm-up (`slopes`)."""
@@ -129,14 +133,20 @@ class MemorySampler:
         self.procs = procs
         self.figures = {p.name: {"start_mb": 0.0, "peak_mb": 0.0, "final_mb": 0.0} for p in procs}
         self.samples: dict[str, list[tuple[float, float]]] = {p.name: [] for p in procs}
-        # The engine process's (the backend group's leader) RSS by kind of mapping, first and last sample.
+        # The engine process's (the backend group's leader) RSS by kind of mapping, first and last sample; also
+        # sampled every MAPPING_EVERY_S into `samples` as "engine <kind>", so that each kind has its own slope.
         self.engine_mappings: dict[str, dict[str, float]] = {}
+        self._mapped_at = float("-inf")
 
     def sample(self) -> None:
         rss = group_rss_bytes([p.pid for p in self.procs])
         now = time.monotonic()
-        if not self.engine_mappings:
-            self.engine_mappings = {"start_mb": rss_by_mapping_mb(self.procs[0].pid)}
+        if now - self._mapped_at >= MAPPING_EVERY_S:  # /proc/PID/smaps walks every mapping: not once a second
+            self._mapped_at = now
+            mapped = rss_by_mapping_mb(self.procs[0].pid)
+            self.engine_mappings.setdefault("start_mb", mapped)
+            for kind, mb in mapped.items():
+                self.samples.setdefault(f"engine {kind}", []).append((now, mb))
         for p in self.procs:
             mb, f = rss.get(p.pid, 0) / _MB, self.figures[p.name]
             f["start_mb"] = f["start_mb"] or mb
