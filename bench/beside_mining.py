@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import re
 import threading
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from bench.chat_streams import chat_load, stream_chat
 from bench.mining import NODE, mark, rates, start_stack
 from bench.procs import raise_on_signals, stop_all
 from poc.artifacts import vector_l2
@@ -127,69 +127,6 @@ def _batch_rate(base: str, args) -> float:
         _stop(base)
 
 
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
-
-
-def _stream(client: httpx.Client, base: str, args, out: list) -> None:
-    """One streaming chat: (TTFT, TPOT, tokens). Events are told apart by bytes, not parsed: 16 streams of
-    JSON parsing in one Python process capped the client near the H100's idle rate."""
-    body = {"model": "bench", "messages": [{"role": "user", "content": "Tell me a story."}], "stream": True,
-            "max_tokens": args.max_tokens, "ignore_eos": True, "stream_options": {"include_usage": True}}
-    started = time.perf_counter()
-    first = last = None
-    tokens = 0
-    pending = b""
-    with client.stream("POST", f"{base}/v1/chat/completions", json=body) as r:
-        r.raise_for_status()
-        for chunk in r.iter_raw():
-            now = time.perf_counter()
-            *events, pending = (pending + chunk).split(b"\n\n")
-            for event in events:
-                # The role preamble comes with the first token, on both servers. Text is not required: a
-                # model of dummy weights samples tokens that detokenize to nothing, and those send no event.
-                first = first or now
-                if b'"usage":{' in event:
-                    match = _COMPLETION_TOKENS.search(event)
-                    tokens = int(match.group(1)) if match else 0
-                elif event.strip() != b"data: [DONE]":
-                    last = now
-    assert first is not None and last is not None and tokens > 1, (first, last, tokens)
-    out.append((first - started, (last - first) / (tokens - 1), tokens))
-
-
-def _chat_load(base: str, args) -> dict:
-    """--streams concurrent streams, each restarted when it ends, for --seconds (each runs at least once)."""
-    results: list = []
-    deadline = time.perf_counter() + args.seconds
-    started = time.perf_counter()
-
-    errors: list[BaseException] = []
-
-    def worker() -> None:
-        # One client per stream, its connection kept: a client made per request (httpx.stream) builds an SSL
-        # context each time, ~10-25 ms of the client's CPU under the GIL, and that counted as TTFT.
-        try:
-            with httpx.Client(timeout=600) as client:
-                _stream(client, base, args, results)
-                while time.perf_counter() < deadline:
-                    _stream(client, base, args, results)
-        except Exception as e:  # a dead stream would leave the figures of fewer streams than asked
-            errors.append(e)
-
-    threads = [threading.Thread(target=worker) for _ in range(args.streams)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise RuntimeError(f"{len(errors)} of {args.streams} streams failed, the first: {errors[0]!r}")
-    elapsed = time.perf_counter() - started
-    ttft, tpot, tokens = (np.array(x) for x in zip(*results, strict=True))
-    return {"tokens_per_s": float(tokens.sum() / elapsed), "num_requests": len(results),
-            "ttft_p50_ms": float(np.percentile(ttft, 50) * 1000), "ttft_p99_ms": float(np.percentile(ttft, 99) * 1000),
-            "tpot_p50_ms": float(np.percentile(tpot, 50) * 1000), "tpot_p99_ms": float(np.percentile(tpot, 99) * 1000)}
-
-
 def _greedy(base: str) -> str:
     """A temperature-0 chat's text: the same on an idle engine and beside a round, or chat's numerics moved."""
     body = {"model": "bench", "messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": 32,
@@ -210,9 +147,9 @@ def chat_part(model_dir: Path, args) -> dict:
                                         "--chat-share", str(args.chat_share), *args.backend_arg)
     try:
         args_warm = argparse.Namespace(**{**vars(args), "seconds": 0.0})
-        _chat_load(base, args_warm)  # warm-up: one request per stream
+        chat_load(base, args_warm)  # warm-up: one request per stream
         greedy_idle, probe_alone = _greedy(base), _probe_vectors(base, args)
-        idle_before = _chat_load(base, args)
+        idle_before = chat_load(base, args)
         poc_alone = _batch_rate(base, args)
         _init(base, args)
         try:
@@ -236,7 +173,7 @@ def chat_part(model_dir: Path, args) -> dict:
             probe_thread, marks_thread = threading.Thread(target=beside_both), threading.Thread(target=mark_inside)
             probe_thread.start()
             marks_thread.start()
-            beside = _chat_load(base, args)
+            beside = chat_load(base, args)
             ended = time.perf_counter()
             # The validation job's nonces are PoC's work in the window too (it takes most forwards while it runs:
             # on the CPU engine, where a forward beside chat is one sequence, half of a 15 s window): counted per
@@ -250,7 +187,7 @@ def chat_part(model_dir: Path, args) -> dict:
         finally:
             _stop(base)
         # Idle chat again: one stretch's rate moved ±10% from run to run, and the ratio is only as good as it.
-        idle_after = _chat_load(base, args)
+        idle_after = chat_load(base, args)
     finally:
         stop_all(procs)
     idle = {k: (idle_before[k] + idle_after[k]) / 2 for k in idle_before}
@@ -287,7 +224,7 @@ def _bursts(base: str, args, clients: list[httpx.Client]) -> list[float]:
     ttfts: list[float] = []
     for _ in range(args.bursts):
         results: list = []
-        threads = [threading.Thread(target=_stream, args=(client, base, args, results)) for client in clients]
+        threads = [threading.Thread(target=stream_chat, args=(client, base, args, results)) for client in clients]
         for t in threads:
             t.start()
         for t in threads:

@@ -133,8 +133,8 @@ class MemorySampler:
         self.procs = procs
         self.figures = {p.name: {"start_mb": 0.0, "peak_mb": 0.0, "final_mb": 0.0} for p in procs}
         self.samples: dict[str, list[tuple[float, float]]] = {p.name: [] for p in procs}
-        # The engine process's (the backend group's leader) RSS by kind of mapping, first and last sample; also
-        # sampled every MAPPING_EVERY_S into `samples` as "engine <kind>", so that each kind has its own slope.
+        # The engine process's (the backend group's leader) RSS by kind of mapping, sampled every MAPPING_EVERY_S
+        # into `samples` as "engine <kind>" (each kind has its own slope); its first and last sample.
         self.engine_mappings: dict[str, dict[str, float]] = {}
         self._mapped_at = float("-inf")
 
@@ -145,6 +145,7 @@ class MemorySampler:
             self._mapped_at = now
             mapped = rss_by_mapping_mb(self.procs[0].pid)
             self.engine_mappings.setdefault("start_mb", mapped)
+            self.engine_mappings["final_mb"] = mapped
             for kind, mb in mapped.items():
                 self.samples.setdefault(f"engine {kind}", []).append((now, mb))
         for p in self.procs:
@@ -158,9 +159,9 @@ class MemorySampler:
             self.samples.setdefault(name, []).append((now, mb))
 
     def finish(self) -> None:
-        """The last sample, with the engine's mappings again."""
+        """The last sample, the engine's mappings included whenever the last of them was taken."""
+        self._mapped_at = float("-inf")
         self.sample()
-        self.engine_mappings["final_mb"] = rss_by_mapping_mb(self.procs[0].pid)
 
     def slopes(self, warmup_fraction: float = 1 / 3) -> dict[str, float]:
         """RSS slope in MB/min per process group over the samples after the first `warmup_fraction` of the run

@@ -77,6 +77,12 @@ bench_beside() {
     --max-tokens 128 --seconds 15 --chat-share 0.5 --gpu-memory-utilization 0.5 --json "$out/beside_chat.json" \
     2>&1 | quiet | tail -8 | tee "$out/beside_chat.txt"
 }
+# The 235B shape's config, tokenizer and quantization config, no tensors (weights: --load-format dummy), into $dir.
+config_only() {
+  dir=models/qwen3-235b-a22b-$1l-$2-config-only
+  python3 -m backend.tools.modelgen --out "$dir" --shape qwen3-235b-a22b --num-layers "$1" \
+    $([ "$2" = fp8 ] && echo --quant fp8) --config-only
+}
 # A call that timed out can leave engine workers (their own session) holding the GPUs into the next call.
 free_gpus() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9 2>/dev/null; sleep 2; }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
@@ -98,9 +104,7 @@ case "${1:-tests}" in
   full-scale)  # the network's model at its real size with vLLM's dummy weights (no disk): FULL="LAYERS TP QUANT
                # CONFIG EXTRA" (default: 94 layers, TP=4, block-FP8, node-config, eager) through bench.network_launch
     read -r layers tp quant config extra <<< "${FULL:-94 4 fp8 node-config --enforce-eager}"
-    dir=models/qwen3-235b-a22b-${layers}l-$quant-config-only
-    python3 -m backend.tools.modelgen --out "$dir" --shape qwen3-235b-a22b --num-layers "$layers" \
-      $([ "$quant" = fp8 ] && echo --quant fp8) --config-only
+    config_only "$layers" "$quant"
     python3 -m bench.network_launch --model-dir "$dir" --config "$config" --tp "$tp" \
       --extra "--load-format dummy $extra" --timeout-s "${TIMEOUT_S:-420}" --log "$out/full-scale.log" \
       --json "$out/full-scale.json" 2>&1 | quiet | tail -60
@@ -124,8 +128,7 @@ case "${1:-tests}" in
     ;;
   full-serving)
     read -r tp systems requests concurrency extra <<< "${SERVING:-4 ours,vllm 256 128 --enforce-eager --max-warmup-rounds 2}"
-    dir=models/qwen3-235b-a22b-94l-fp8-config-only
-    python3 -m backend.tools.modelgen --out "$dir" --shape qwen3-235b-a22b --num-layers 94 --quant fp8 --config-only
+    config_only 94 fp8
     free_gpus
     timeout --signal=INT "${TIMEOUT_S:-540}" python3 -m bench.serving --model-dir "$dir" --tensor-parallel-size "$tp" \
       --systems "$systems" \
@@ -142,9 +145,7 @@ case "${1:-tests}" in
   full-shared)  # FULLSHARED="LAYERS TP QUANT" (default: 94 layers, TP=4, block-FP8): shared mode at its default
                 # share on dummy weights: 16 chat streams and a round, each against alone (bench.beside_mining)
     read -r layers tp quant <<< "${FULLSHARED:-94 4 fp8}"
-    dir=models/qwen3-235b-a22b-${layers}l-$quant-config-only
-    python3 -m backend.tools.modelgen --out "$dir" --shape qwen3-235b-a22b --num-layers "$layers" \
-      $([ "$quant" = fp8 ] && echo --quant fp8) --config-only
+    config_only "$layers" "$quant"
     free_gpus
     timeout --signal=INT "${TIMEOUT_S:-540}" python3 -m bench.beside_mining --part chat --model-dir "$dir" \
       --seq-len 1024 --batch-size 32 --streams 16 --max-tokens 64 --seconds 20 --gpu-memory-utilization 0.9 \
