@@ -3,7 +3,8 @@ idle and half-sent connections by the thousand, and error bodies that listed eve
 
 Bounded in time: each test takes seconds. Nothing here asserts a speed: where a stall is checked, the bound is
 derived from what the test itself observes (the hostile request's own duration), so a busy machine slows both
-sides alike. The figures against the target (a normal chat's TTFT within 2 x idle + 50 ms) are bench/stall.py's.
+sides alike, and a stall must show in each of ATTEMPTS measurements to count. The figures against the target (a
+normal chat's TTFT within 2 x idle + 50 ms) are bench/stall.py's.
 Schema-driven fuzzing of every route is tests/integration/test_http_sweep.py (schemathesis, in `make test`).
 """
 
@@ -69,6 +70,13 @@ def _probe_ttft(http: httpx.Client, base_url: str, model: str) -> float:
     raise AssertionError("no event")
 
 
+# How many times a stall is measured before it counts. Work done inline on the loop that serves the streams holds
+# their output for most of every attempt; a machine shared with other work (2 cores in CI) also makes stalls of
+# half a short request now and then (233 ms of 463 ms seen, with every chat beside it as slow: the whole stack was
+# starved for that moment, and the stream's gaps right after were 26 ms). Those pass on the next attempt.
+ATTEMPTS = 3
+
+
 @pytest.mark.parametrize("path,body,param", [
     ("/v1/chat/completions", {"max_tokens": 4, "messages": [EMPTY] * 500_000}, "messages"),
     ("/tokenize", {"messages": [EMPTY] * 900_000}, "messages"),
@@ -81,6 +89,23 @@ def _probe_ttft(http: httpx.Client, base_url: str, model: str) -> float:
 ], ids=["chat 500k empty messages", "tokenize 900k empty messages", "detokenize 10M ids", "chat at the limit"])
 def test_a_huge_request_is_refused_by_count_while_streams_go_on(stack, path, body, param):
     content = httpx.Request("POST", "http://x", json={"model": stack.model, **body}).read()
+    stalls = []
+    for _ in range(ATTEMPTS):
+        outcome, gap, took, gap_after = _hostile_beside_a_stream(stack, path, content)
+        assert outcome["status"] == 400 and outcome["error"]["param"] == param, outcome
+        assert outcome["size"] < 1000  # an error body, not a listing of what was sent
+        # Done inline on the loop that serves the streams, the request held their output for most of its own
+        # duration (15-35 s before issue 33); off it, the stream's events keep coming, with no gap much past what
+        # the machine's load alone makes right after.
+        if gap < max(took / 2, 3 * gap_after):
+            return
+        stalls.append((round(gap, 3), round(took, 3), round(gap_after, 3)))
+    raise AssertionError(f"the stream stalled in every attempt (gap, request, gap after, in s): {stalls}")
+
+
+def _hostile_beside_a_stream(stack, path: str, content: bytes) -> tuple[dict, float, float, float]:
+    """The hostile request, with chats probed beside it, during a long stream: its answer, the stream's largest
+    gap during it, its duration, and the stream's largest gap over as long a window right after."""
     http = httpx.Client()  # one for every probe (a client per probe costs this process an SSL context each)
     stream = Stream(stack.base_url, stack.model)
     # Beside the stream, before the hostile request (the first chat of a fresh stack also warms the engine up).
@@ -107,15 +132,10 @@ def test_a_huge_request_is_refused_by_count_while_streams_go_on(stack, path, bod
     finally:
         stream.close()
         http.close()
-    print(f"\n{path} ({len(content) / 1e6:.1f} MB): {outcome['status']} in {took:.2f} s; the stream's largest gap "
-          f"{1000 * gap:.0f} ms (after it: {1000 * gap_after:.0f} ms); {len(probes)} chats beside it, TTFT max "
-          f"{1000 * max(probes):.0f} ms (before it: {1000 * before:.0f} ms)")
-    assert outcome["status"] == 400 and outcome["error"]["param"] == param, outcome
-    assert outcome["size"] < 1000  # an error body, not a listing of what was sent
-    # Done inline on the loop that serves the streams, the request held their output for most of its own
-    # duration (15-35 s before issue 33); off it, the stream's events keep coming, with no gap much past what
-    # the machine's load alone makes right after.
-    assert gap < max(took / 2, 3 * gap_after), (gap, took, gap_after)
+    print(f"\n{path} ({len(content) / 1e6:.1f} MB): {outcome.get('status')} in {took:.2f} s; the stream's largest "
+          f"gap {1000 * gap:.0f} ms (after it: {1000 * gap_after:.0f} ms); {len(probes)} chats beside it, TTFT max "
+          f"{1000 * max(probes, default=0):.0f} ms (before it: {1000 * before:.0f} ms)")
+    return outcome, gap, took, gap_after
 
 
 def test_out_of_vocabulary_stop_token_ids_get_a_short_error(stack):
