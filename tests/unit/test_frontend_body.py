@@ -93,9 +93,20 @@ async def test_lists_longer_than_the_context_are_refused_by_count(app, path, bod
 
 async def test_the_event_loop_runs_while_a_huge_body_is_parsed(app):
     """500,000 empty messages (15 MB): the worker spends a while on them; the loop meanwhile goes on ticking.
-    Parsed inline, the loop would stop for about as long as the request takes."""
+    Parsed inline, the loop would stop for about as long as the request takes, in every attempt; a machine shared
+    with other work starves this process now and then for a moment, which the next attempt does not repeat."""
     content = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": ""}] * 500_000}).encode()
     await request(app, "POST", "/v1/chat/completions", json=chat(PAD))  # the worker is up
+    stalls = []
+    for _ in range(3):
+        gap, took = await _largest_loop_gap(app, content)
+        if gap < took / 2:
+            return
+        stalls.append((round(gap, 3), round(took, 3)))
+    raise AssertionError(f"the loop stopped in every attempt (gap, request, in s): {stalls}")
+
+
+async def _largest_loop_gap(app, content: bytes) -> tuple[float, float]:
     gaps: list[float] = []
     done = asyncio.Event()
 
@@ -115,4 +126,4 @@ async def test_the_event_loop_runs_while_a_huge_body_is_parsed(app):
     done.set()
     await ticker
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
-    assert max(gaps) < took / 2, (max(gaps), took)
+    return max(gaps, default=took), took  # no tick at all: the loop never ran while the request did
