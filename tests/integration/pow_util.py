@@ -103,12 +103,12 @@ class Server:
     num_backend_starts: int = 1
 
     @classmethod
-    def start(cls, model_dir: Path, work: Path, *backend_extra: str) -> Server:
+    def start(cls, model_dir: Path, work: Path, *backend_extra: str, frontend_extra: tuple[str, ...] = ()) -> Server:
         address = f"ipc://{work}/backend.ipc"
         extra = ("--state-dir", str(work / "state"), *backend_extra)
         backend = Proc(backend_args(model_dir, address, *extra), work / "backend1.log").start()
         port = free_port()
-        frontend = Proc(frontend_args(address, port), work / "frontend.log").start()
+        frontend = Proc(frontend_args(address, port, *frontend_extra), work / "frontend.log").start()
         server = cls(model_dir, work, address, f"http://127.0.0.1:{port}", extra, backend, frontend)
         try:
             wait_healthy(server.base_url, frontend, backend)

@@ -33,6 +33,12 @@ from tests.integration.pow_util import (
 pytestmark = pytest.mark.slow
 
 MAX_L2 = 0.02
+# The frontend's liveness timeout here. More ranks than cores (TP=2 x PP=2 on 2) stall every process on this
+# machine for up to ~2 s at a time: a 10 ms sleep in an unrelated process came back 1.1 s late, and pings to the
+# backend took up to 1.96 s. At the default 1.5 s (for a node with cores to spare) the frontend then declared
+# the backend lost and failed the chat in flight with 503. This module compares numerics across topologies;
+# liveness has its own tests (test_resilience.py, test_multihost.py).
+BACKEND_TIMEOUT_S = 10.0
 CPUS = sorted(os.sched_getaffinity(0))
 TOPOLOGIES = {
     "pp2": ("--pipeline-parallel-size", "2"),
@@ -65,7 +71,8 @@ def parallel(request, model_dir, tmp_path_factory) -> Iterator[tuple[str, Server
     if compat.is_cpu_build() and name == "tp2xpp2" and len(CPUS) < 4:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(c) for c in CPUS[:2] * 2)
     try:
-        server = Server.start(model_dir, tmp_path_factory.mktemp(name), *TOPOLOGIES[name], "--max-model-len", "512")
+        server = Server.start(model_dir, tmp_path_factory.mktemp(name), *TOPOLOGIES[name], "--max-model-len", "512",
+                              frontend_extra=("--backend-timeout-s", str(BACKEND_TIMEOUT_S)))
     finally:
         if saved is None:
             os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
