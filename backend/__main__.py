@@ -84,7 +84,7 @@ def build_loop(settings: BackendSettings, engine, server: SocketServer, inbox: q
     from backend.pow.service import build_pow_service
     from backend.share import ChatShare
 
-    built = EngineBuilt(num_gpu_blocks=engine.num_gpu_blocks)
+    built = EngineBuilt(num_gpu_blocks=engine.num_gpu_blocks, max_model_len=engine.max_model_len)
     if settings.fault_fail_on_step:
         engine = FaultyEngine(engine, settings.fault_fail_on_step)
     fingerprint = engine.fingerprint()

@@ -42,6 +42,9 @@ OVERRIDES: tuple[tuple[str, str, str], ...] = (
      "and workspaces by it; the PoC forward (32 x 1024 tokens) must fit in them"),
     ("--gpu-memory-utilization", f"absent on the CPU engine: {CPU_GPU_MEMORY_UTILIZATION}", "vLLM's CPU engine "
      "reserves that fraction of RAM for its KV cache; vLLM's default would leave the host nothing"),
+    ("--max-model-len", "absent on the CPU engine: `-1` (vLLM's auto-fit: the model's context, or as much of it as "
+     "the KV cache holds, logged as `max_model_len_fitted`)", "the CPU engine's share is a fraction of the RAM "
+     "the host reports, which a VM's balloon changes; the generated models take a 262144 context"),
     ("--logprobs-mode", "the engine computes processed logprobs; the flag (absent: `processed_logprobs`) is what "
      "a request gets when it names no mode; `raw_logprobs` or `processed_logprobs` only", "validator replays "
      "ask for either mode per request (the network validates with processed)"),
@@ -182,6 +185,8 @@ def vllm_args(values: Mapping[str, Any], given: frozenset[str], settings: Any, o
         changes["max_num_batched_tokens"] = settings.poc_max_batch_tokens
     if "gpu_memory_utilization" not in given and on_cpu:
         changes["gpu_memory_utilization"] = CPU_GPU_MEMORY_UTILIZATION
+    if "max_model_len" not in given and on_cpu:
+        changes["max_model_len"] = -1  # vLLM's auto-fit: the model's whole context, or what the KV cache holds
     changes["compilation_config"] = compilation_config(engine.compilation_config, settings.allreduce_fusion,
                                                        environ)
     changes["structured_outputs_config"] = structured_outputs_config(engine.structured_outputs_config,

@@ -55,6 +55,9 @@ class EngineBuilt(msgspec.Struct, tag="p.engine", kw_only=True):
     its handshake with the engine core)."""
 
     num_gpu_blocks: int
+    # The context the engine serves: vLLM's auto-fit (max_model_len -1, the CPU engine's default) sizes it to the
+    # KV cache, which the processor's own config cannot know; 0 keeps the processor's own.
+    max_model_len: int = 0
 
 
 class ForgetRequest(msgspec.Struct, tag="p.forget", kw_only=True):

@@ -49,7 +49,13 @@ class Engine:
             self.vllm_config = engine_args(settings).create_engine_config(USAGE_CONTEXT)
         except ValueError as e:  # vLLM's own checks of its flags (pydantic's ValidationError is one too)
             raise SettingsError(" ".join(str(e).split())) from e
-        self.core = EngineCore(self.vllm_config, Executor.get_class(self.vllm_config), log_stats=True)
+        model_max_len = int(self.vllm_config.model_config.max_model_len)
+        try:
+            self.core = EngineCore(self.vllm_config, Executor.get_class(self.vllm_config), log_stats=True)
+        except ValueError as e:
+            if (refusal := compat.cpu_share_too_small(e)) is not None:
+                raise SettingsError(refusal) from e
+            raise
         try:
             if settings.engine.pipeline_parallel_size > 1:
                 self.core.collective_rpc("prepare_pipeline_stage")
@@ -59,6 +65,10 @@ class Engine:
             self.max_model_len = int(self.vllm_config.model_config.max_model_len)
             # Set by EngineCore once it has sized the KV cache.
             self.num_gpu_blocks = int(self.vllm_config.cache_config.num_gpu_blocks or 0)
+            if settings.vllm.engine.max_model_len == -1:  # vLLM's auto-fit (the CPU engine's default)
+                log.info("max_model_len_fitted", max_model_len=self.max_model_len, model_max_len=model_max_len,
+                         kv_cache_tokens=self.num_gpu_blocks * compat.block_size(self.core),
+                         note="--max-model-len sets it")
             scheduler = self.vllm_config.scheduler_config
             self.max_num_seqs = int(scheduler.max_num_seqs)  # vLLM's default for this device where not given
             step_tokens = int(scheduler.max_num_batched_tokens)

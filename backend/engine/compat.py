@@ -7,6 +7,7 @@ in PRIVATE_SYMBOLS and pinned by tests/unit/test_engine_compat.py.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import metadata
@@ -207,3 +208,19 @@ def ensure_pipeline_buffers(model_runner) -> bool:
     model_runner.intermediate_tensors = model_runner.model.make_empty_intermediate_tensors(
         batch_size=model_runner.max_num_tokens, dtype=model_runner.model_config.dtype, device=model_runner.device)
     return True
+
+
+# vllm/v1/worker/cpu_worker.py determine_available_memory, when the share of RAM less the worker's own RSS is
+# what it asks for the KV cache: "... less than requested memory for kv (-0.17/0.78 GiB) ...".
+_CPU_KV_SHARE = re.compile(r"requested memory for kv \((-?[\d.]+)/([\d.]+) GiB\)")
+
+
+def cpu_share_too_small(error: Exception) -> str | None:
+    """The refusal's line where the CPU engine's share of RAM was smaller than the engine process itself (vLLM
+    says to reduce other processes' memory, which cannot help); None for any other error."""
+    found = _CPU_KV_SHARE.search(str(error))
+    if found is None or float(found.group(1)) > 0:
+        return None
+    return (f"--gpu-memory-utilization: the CPU engine's share of RAM ({found.group(2)} GiB of what this host "
+            f"reports now) is less than the engine process itself uses, leaving {found.group(1)} GiB for the KV "
+            "cache; give a larger share, or an explicit --kv-cache-memory-bytes")

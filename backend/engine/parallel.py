@@ -96,7 +96,8 @@ def check_cpu(settings: BackendSettings, cpus: Sequence[int], environ: Mapping[s
         raise SettingsError(f"{CPU_BIND_VAR}={bind!r} gives {len(bind.split('|'))} core lists for {world} ranks "
                             f"{where}; give one per rank, or unset it to have them chosen")
     share = settings.engine.gpu_memory_utilization
-    if not environ.get(CPU_KV_SPACE_VAR) and world * share > 1.0:
+    explicit = environ.get(CPU_KV_SPACE_VAR) or settings.engine.kv_cache_memory_bytes is not None  # no share read
+    if not explicit and world * share > 1.0:
         raise SettingsError(f"--gpu-memory-utilization / POCSERVE_GPU_MEMORY_UTILIZATION: each of the {world} CPU "
                             f"ranks reserves {share:g} of RAM, more than all of it; use "
                             f"at most {1.0 / world:.3g}")

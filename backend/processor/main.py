@@ -101,6 +101,7 @@ class Processor:
             case MetricsJob():
                 self._reply(msg, MetricsReply(rid=msg.rid, text=self._presenter.metrics.render()))
             case EngineBuilt():
+                self._preparer.engine_built(msg.max_model_len)
                 self._presenter.metrics.engine_built(msg.num_gpu_blocks)
             case _:  # EngineCoreOutputs
                 self._present(msg)

@@ -103,8 +103,11 @@ class Vocab:
         self.chat_template_kwargs = chat_template_kwargs or {}
         self.size = vocab_size
         self.eos_id = int(tokenizer.eos_token_id)
+        self.set_max_model_len(max_model_len)
+
+    def set_max_model_len(self, max_model_len: int) -> None:
         self.max_model_len = max_model_len
-        self.max_text_bytes = max_model_len * max_token_bytes(tokenizer)
+        self.max_text_bytes = max_model_len * max_token_bytes(self.tokenizer)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))

@@ -52,6 +52,15 @@ class Preparer:
         self.max_num_seqs = max_num_seqs
         self._input_errors = compat.input_error_types()
 
+    def engine_built(self, max_model_len: int) -> None:
+        """The context the engine serves, once built (vLLM's client learns it in its handshake with the engine
+        core, vllm/v1/engine/core_client.py `_apply_ready_response`): every length check reads it from then on."""
+        if max_model_len <= 0 or max_model_len == self.max_model_len:
+            return
+        self.max_model_len = max_model_len
+        self.vocab.set_max_model_len(max_model_len)
+        self._inputs.model_config.max_model_len = max_model_len  # vLLM's own checks in InputProcessor
+
     def tokenize(self, req: GenerateRequest) -> Tokenized:
         """Tokenizes and checks one request; RequestError for client mistakes. Thread-safe."""
         n = req.sampling.n

@@ -45,3 +45,13 @@ def test_engine_compat_installed_version_is_supported():
 def test_engine_compat_unknown_versions_refuse_to_start(version):
     with pytest.raises(compat.UnsupportedVersionError):
         compat.check_version(version)
+
+
+def test_a_cpu_share_smaller_than_the_engine_is_refused_with_what_to_give():
+    vllm_says = ValueError("Available memory on node 0 (6.05/7.84 GiB) on kv cache allocation is less than requested "
+                           "memory for kv (-0.17/0.78 GiB). Reduce CPU memory used by other processes.")
+    refusal = compat.cpu_share_too_small(vllm_says)
+    assert refusal is not None and "0.78 GiB" in refusal and "--kv-cache-memory-bytes" in refusal
+    # Short of free memory with a positive share: vLLM's own advice stands.
+    assert compat.cpu_share_too_small(ValueError("... less than requested memory for kv (2.10/3.00 GiB) ...")) is None
+    assert compat.cpu_share_too_small(ValueError("something else")) is None

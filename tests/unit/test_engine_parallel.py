@@ -91,6 +91,8 @@ def test_engine_parallel_check_cpu_memory_share():
     # A fixed KV cache per rank (vLLM's VLLM_CPU_KVCACHE_SPACE) replaces the share of RAM.
     parallel.check_cpu(_settings("--pipeline-parallel-size", "3", "--gpu-memory-utilization", "0.4"),
                        [0, 1, 2, 3], {"VLLM_CPU_KVCACHE_SPACE": "1"})
+    parallel.check_cpu(_settings("--pipeline-parallel-size", "3", "--kv-cache-memory-bytes", "64M"),
+                       [0, 1, 2, 3], {})  # so does vLLM's flag for it: the default share of 0.3 is not read
     parallel.check_cpu(_settings("--gpu-memory-utilization", "0.9"), [0], {})  # one rank: nothing to share
 
 

@@ -58,6 +58,10 @@ class FakePreparer:
         self.tokenize_error: Exception | None = None
         self.engine_error: Exception | None = None
         self.threads: list[str] = []
+        self.max_model_len = 0
+
+    def engine_built(self, max_model_len: int) -> None:
+        self.max_model_len = max_model_len
 
     def tokenize(self, req: GenerateRequest) -> Tokenized:
         self.threads.append(threading.current_thread().name)
@@ -319,16 +323,17 @@ def test_outputs_become_deltas_per_frontend_and_stop_strings_go_to_the_engine(en
 
 
 def test_tokenize_metrics_forget_and_engine_built(engine, parts):
-    _, presenter, _ = parts
+    preparer, presenter, _ = parts
     engine.send(TokenizeJob(identity=b"fe-1", request=TokenizeRequest(rid="t1", prompt="abc")))
     assert engine.receive() == [(b"fe-1", TokenizeReply(rid="t1", tokens=[3]))]
     engine.send(MetricsJob(identity=b"fe-2", rid="m1"))
     assert engine.receive() == [(b"fe-2", MetricsReply(rid="m1", text=b"vllm:num_requests_running 0\n"))]
     engine.send(ForgetRequest(engine_rids=["e1", "e2"]))
-    engine.send(EngineBuilt(num_gpu_blocks=321))
+    engine.send(EngineBuilt(num_gpu_blocks=321, max_model_len=2048))
     engine.send(MetricsJob(identity=b"fe-2", rid="m2"))  # answered after the two above were handled
     assert isinstance(engine.receive()[0][1], MetricsReply)
     assert presenter.forgotten == ["e1", "e2"] and presenter.metrics.num_gpu_blocks == 321
+    assert preparer.max_model_len == 2048  # the engine's fitted context: every length check reads it
 
 
 def test_stats_go_to_the_engine_when_the_iterations_change(engine, parts):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import pytest
 from transformers import AutoTokenizer
@@ -28,6 +29,7 @@ class FakeInputs:
     def __init__(self) -> None:
         self.calls: list[tuple] = []
         self.error: Exception | None = None
+        self.model_config = types.SimpleNamespace(max_model_len=MAX_MODEL_LEN)
 
     def process_inputs(self, request_id, prompt, params, supported_tasks, priority=0) -> EngineCoreRequest:
         self.calls.append((request_id, prompt, params, supported_tasks, priority))
@@ -66,6 +68,19 @@ def test_tokenize_renders_the_prompt_and_fills_the_context(tokenizer):
     assert tokenized.prompt_ids == render_prompt(preparer.vocab, req)
     assert tokenized.params.max_tokens == MAX_MODEL_LEN - len(tokenized.prompt_ids)
     assert tokenized.parsing is None  # no tools, no reasoning parser
+
+
+def test_the_engines_fitted_context_bounds_every_request_from_then_on(tokenizer):
+    inputs = FakeInputs()
+    preparer = _preparer(tokenizer, inputs=inputs)
+    preparer.engine_built(MAX_MODEL_LEN // 2)  # vLLM's auto-fit gave the engine less than the config said
+    tokenized = preparer.tokenize(_chat())
+    assert tokenized.params.max_tokens == MAX_MODEL_LEN // 2 - len(tokenized.prompt_ids)
+    assert inputs.model_config.max_model_len == preparer.vocab.max_model_len == MAX_MODEL_LEN // 2
+    with pytest.raises(RequestError, match=f"maximum context length is {MAX_MODEL_LEN // 2} tokens"):
+        preparer.tokenize(GenerateRequest(rid="r", sampling=SamplingSpec(), prompt="hi " * (MAX_MODEL_LEN // 2)))
+    preparer.engine_built(0)  # an engine that reports none keeps what the processor has
+    assert preparer.max_model_len == MAX_MODEL_LEN // 2
 
 
 def test_tokenize_completion_prompt_param_is_prompt(tokenizer):

@@ -52,8 +52,11 @@ def test_absent_engine_flags_take_vllms_defaults_but_the_overridden_ones():
     e = engine("--model", "m")
     vllm = EngineArgs(model="m")
     for name in ("max_num_seqs", "seed", "scheduling_policy", "enable_prefix_caching", "block_size", "dtype",
-                 "enable_expert_parallel", "load_format", "tokenizer", "max_model_len", "trust_remote_code"):
+                 "enable_expert_parallel", "load_format", "tokenizer", "trust_remote_code"):
         assert getattr(e, name) == getattr(vllm, name), name
+    # The CPU engine fits the context to its KV cache (vLLM's auto-fit); a GPU takes vLLM's (the model's).
+    assert e.max_model_len == (-1 if is_cpu_build() else vllm.max_model_len)
+    assert engine("--model", "m", "--max-model-len", "2048").max_model_len == 2048
     assert e.max_num_batched_tokens == 32768  # --poc-max-batch-tokens: the PoC forward fits vLLM's profile
     assert e.logprobs_mode == "processed_logprobs"
     expected = CPU_GPU_MEMORY_UTILIZATION if is_cpu_build() else vllm.gpu_memory_utilization
