@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from backend.engine import compat
+from bench.kernel_paths import dump_artifacts, peak_fp8_tflops
 from poc.spec import ArtifactJob, PocSpec
 
 
@@ -222,6 +223,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", default="")
     p.add_argument("--parts", action="store_true", help="also time each PoC stage alone")
     p.add_argument("--profile", default="", help="directory for torch.profiler tables of PoC and bare")
+    p.add_argument("--artifacts-out", default="", help="also write the artifacts of --artifact-nonces nonces at "
+                   "the largest seq_len here (bench/kernel_paths.py compares paths)")
+    p.add_argument("--artifact-nonces", type=int, default=256)
     args = p.parse_args(argv)
     if args.rounds < 1 or args.iters < 1:
         p.error("--rounds and --iters must be at least 1")
@@ -247,6 +251,7 @@ def main(argv: list[str] | None = None) -> None:
     llm, runner = engine.core, engine.poc
     hf_cfg = engine.vllm_config.model_config.hf_config
     peak = llm.collective_rpc(_peak_tflops)[0]
+    peak_fp8 = llm.collective_rpc(peak_fp8_tflops)[0]
     print("worker:", llm.collective_rpc(_describe)[0], flush=True)
     pool = compat.block_pool(llm)
     rows = []
@@ -287,23 +292,27 @@ def main(argv: list[str] | None = None) -> None:
         row = {"seq_len": seq_len, "batch": batch, "poc_nonces_per_s": batch / poc_s,
                "bare_nonces_per_s": batch / bare_s, "ratio": statistics.median(round_ratios),
                "round_ratios": round_ratios,
-               "poc_mfu": flops / poc_s / 1e12 / peak, "bare_mfu": flops / bare_s / 1e12 / peak, **memory}
+               "poc_mfu": flops / poc_s / 1e12 / peak, "bare_mfu": flops / bare_s / 1e12 / peak,
+               "poc_tflops": flops / poc_s / 1e12, "bare_tflops": flops / bare_s / 1e12, **memory}
         if parts:
             row["parts_ms"] = parts
             print("   stage ms per batch: " + "  ".join(f"{k} {v:.2f}" for k, v in parts.items()), flush=True)
         rows.append(row)
         print(f"L={seq_len:5d} B={batch:3d}  PoC {row['poc_nonces_per_s']:9.1f} nonces/s "
               f"(MFU {row['poc_mfu']:.3f})  bare {row['bare_nonces_per_s']:9.1f} nonces/s "
-              f"(MFU {row['bare_mfu']:.3f})  PoC/bare {row['ratio']:.3f} (median of "
+              f"(MFU {row['bare_mfu']:.3f}, {row['bare_tflops']:.0f} TFLOP/s)  PoC/bare {row['ratio']:.3f} (median of "
               f"{' '.join(f'{x:.3f}' for x in row['round_ratios'])})  memory: PoC peak "
               f"{memory['poc_peak_gib']:.2f} GiB, reserved {memory['reserved_gib']:.2f}, free "
               f"{memory['free_gib']:.2f}", flush=True)
+    if args.artifacts_out:
+        dump_artifacts(runner, Path(args.artifacts_out), args.artifact_nonces, max(args.seq_lens))
     device = str(engine.vllm_config.device_config.device_type)
     kv = f"{engine.num_gpu_blocks} blocks of {compat.block_size(llm)} tokens"
-    print(f"device {device}  peak bf16 matmul {peak:.1f} TFLOP/s  model {args.shape}  ranks "
+    print(f"device {device}  peak bf16 matmul {peak:.1f} TFLOP/s, fp8 {peak_fp8:.1f}  model {args.shape}  ranks "
           f"{settings.vllm.world_size}  KV cache {kv}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": device, "peak_tflops": peak, "shape": args.shape,
+        Path(args.json).write_text(json.dumps({"device": device, "peak_tflops": peak, "peak_fp8_tflops": peak_fp8,
+                                               "shape": args.shape, "num_layers": hf_cfg.num_hidden_layers,
                                                "ranks": settings.vllm.world_size, "kv_cache": kv,
                                                "engine_args": engine_args, "rows": rows}, indent=1))
 

@@ -4,6 +4,9 @@
 #   bash scripts/gpu_check.sh tests    # the device-agnostic integration suite + tests/gpu on the CUDA engine
 #                                      # (tests/gpu/test_tensor_parallel.py needs two GPUs, skipped on one)
 #   bash scripts/gpu_check.sh bench-poc       # PoC forward (0.6B shape) vs bare forward, mining via HTTP vs direct
+#   bash scripts/gpu_check.sh kernels         # the FP8 MoE and linear kernel paths side by side on the 235B slice:
+#                                             # nonces/s, MFU, artifacts' L2 between paths (KERNELS, KLAYERS; DeepGEMM
+#                                             # staged by scripts/stage_deep_gemm.sh as .stage/p5)
 #   bash scripts/gpu_check.sh bench-serving   # this stack vs `vllm serve`, same install and model
 #   bash scripts/gpu_check.sh bench-beside    # validation jobs and 16 streaming chats beside a round (0.6B)
 #   bash scripts/gpu_check.sh bench-moe N Q   # the qwen3-235b-a22b shape at N layers (default 1), Q none|fp8:
@@ -54,7 +57,15 @@ export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH  # py-spy, where stage
 # import: 21-24 s of a 35 s start (a node's image has them compiled). The first process here writes them.
 unset PYTHONDONTWRITEBYTECODE
 export VLLM_USE_V2_MODEL_RUNNER=0 VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONHASHSEED=0
-export VLLM_USE_DEEP_GEMM=0  # DeepGEMM compiles with nvcc at run time, which these machines lack (FP8 models)
+# vLLM's vendored DeepGEMM, where staged (scripts/stage_deep_gemm.sh): it compiles its kernels with nvcc at run
+# time, which these machines have (CUDA 13.0) though not always on PATH. Without it, VLLM_USE_DEEP_GEMM=0.
+if [ -f .stage/p5/deep_gemm.tar.xz ] && [ ! -f /tmp/site/.staged-p5 ]; then
+  tar xJf .stage/p5/deep_gemm.tar.xz -C /tmp/site && touch /tmp/site/.staged-p5
+fi
+nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc 2>/dev/null | head -1 || true)
+[ -n "$nvcc" ] && export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$nvcc")")} PATH=$PATH:$(dirname "$nvcc")
+[ -f /tmp/site/.staged-p5 ] && [ -n "$nvcc" ] || export VLLM_USE_DEEP_GEMM=0
+export VLLM_USE_DEEP_GEMM=${VLLM_USE_DEEP_GEMM:-0}  # the path of earlier figures; `kernels` sets it per path
 quiet() { grep -vE "^(INFO|WARNING|DEBUG)|^\(EngineCore"; }
 # The servers' logs of the latest bench.serving run, into $out/logs-TAG (their start phases explain start times).
 keep_logs() {
@@ -162,6 +173,34 @@ case "${1:-tests}" in
       $([ "$quant" = fp8 ] && echo --quant fp8) 2>&1 | tail -1
     python3 -m bench.network_launch --model-dir "$dir" --config "$config" --log "$out/launch.log" \
       --json "$out/launch.json" 2>&1 | quiet | tail -60
+    ;;
+  kernels)  # every FP8 MoE and linear path on the 235B slice (KLAYERS layers, default 12; block-FP8, dummy
+            # weights): PoC vs bare at 32 and 64 x 1024, the FP8 peak, 256 nonces' artifacts per path and every
+            # pair's L2 and verdicts (bench/kernel_paths.py). KERNELS="NAME:MOE:LINEAR:DEEP_GEMM:E8M0 ..."
+    layers=${KLAYERS:-12}
+    config_only "$layers" fp8
+    kout=/tmp/kernels; mkdir -p "$kout"
+    echo "nvcc: ${nvcc:-none}  CUDA_HOME: ${CUDA_HOME:-unset}  DeepGEMM staged: $([ -f /tmp/site/.staged-p5 ] && echo yes || echo no)" | tee -a "$out/kernels.txt"
+    for spec in ${KERNELS:-triton:triton:auto:0:0 stock:auto:auto:1:1 deepgemm:deep_gemm:deep_gemm:1:0 deepgemm_e8m0:deep_gemm:deep_gemm:1:1}; do
+      IFS=: read -r name moe linear dg e8m0 <<< "$spec"
+      free_gpus
+      echo "== $name: --moe-backend $moe --linear-backend $linear VLLM_USE_DEEP_GEMM=$dg VLLM_USE_DEEP_GEMM_E8M0=$e8m0" | tee -a "$out/kernels.txt"
+      started=$(date +%s)
+      VLLM_USE_DEEP_GEMM=$dg VLLM_MOE_USE_DEEP_GEMM=$dg VLLM_USE_DEEP_GEMM_E8M0=$e8m0 VLLM_DEEP_GEMM_WARMUP=skip \
+      timeout --signal=INT "${KTIMEOUT_S:-240}" python3 -m bench.poc_forward --shape qwen3-235b-a22b \
+        --num-layers "$layers" --quant fp8 --config-only --model-dir "$dir" --seq-lens 1024 --batches 32 64 \
+        --iters "${KITERS:-2}" --rounds 3 --gpu-memory-utilization 0.9 --engine-arg=--enforce-eager \
+        --engine-arg=--moe-backend="$moe" --engine-arg=--linear-backend="$linear" --engine-arg=--kernel-warmup=off \
+        --artifacts-out "$kout/kernels-$name.json" --json "$kout/bench-$name.json" > "$kout/log-$name.txt" 2>&1 \
+        || echo "$name: exit $?" | tee -a "$out/kernels.txt"
+      grep -E "^L=|^device|Fp8 MoE backend|for Fp8LinearMethod|[Dd]eep[_ ]?[Gg][Ee][Mm][Mm]|Error|error:" \
+        "$kout/log-$name.txt" | grep -v "^INFO.*import" | cut -c1-400 | sort -u | head -30 | tee -a "$out/kernels.txt"
+      echo "$name: $(( $(date +%s) - started )) s" | tee -a "$out/kernels.txt"
+    done
+    free_gpus
+    ls "$kout"/kernels-*.json >/dev/null 2>&1 && python3 -m bench.kernel_paths "$kout"/kernels-*.json \
+      --reference triton --json "$kout/pairs.json" 2>&1 | tee -a "$out/kernels.txt"
+    tar czf "$out/kernels.tar.gz" -C "$kout" .
     ;;
   bench-poc)
     python3 -m bench.poc_forward --shape qwen3-0.6b --seq-lens 256 1024 --batches 32 64 --iters 10 \
