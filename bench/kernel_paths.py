@@ -48,13 +48,14 @@ def peak_fp8_tflops(worker) -> float:
     return 2 * n**3 * iters / (time.perf_counter() - started) / 1e12
 
 
-def dump_artifacts(runner, path: Path, num_nonces: int, seq_len: int) -> None:
-    """Nonces 0..num_nonces-1 at seq_len through the production PoC path, as {nonce: base64 fp16 vector}."""
+def dump_artifacts(runner, path: Path, num_nonces: int, seq_len: int, batch: int) -> None:
+    """Nonces 0..num_nonces-1 at seq_len through the production PoC path, `batch` a forward, as {nonce: base64
+    fp16 vector} (batches of one size: a path's artifacts do not depend on what else its forward held)."""
     job = ArtifactJob(PocSpec("BENCH_BLOCK", "bench_key", seq_len), tuple(range(num_nonces)))
     found: dict[int, str] = {}
     pending = list(job.nonces)
     while pending:
-        artifacts, taken = runner.run(job, pending)
+        artifacts, taken = runner.run(job, pending[:batch])
         found.update(artifacts)
         pending = pending[taken:]
     path.write_text(json.dumps({str(n): v for n, v in sorted(found.items())}))

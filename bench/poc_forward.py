@@ -304,8 +304,6 @@ def main(argv: list[str] | None = None) -> None:
               f"{' '.join(f'{x:.3f}' for x in row['round_ratios'])})  memory: PoC peak "
               f"{memory['poc_peak_gib']:.2f} GiB, reserved {memory['reserved_gib']:.2f}, free "
               f"{memory['free_gib']:.2f}", flush=True)
-    if args.artifacts_out:
-        dump_artifacts(runner, Path(args.artifacts_out), args.artifact_nonces, max(args.seq_lens))
     device = str(engine.vllm_config.device_config.device_type)
     kv = f"{engine.num_gpu_blocks} blocks of {compat.block_size(llm)} tokens"
     print(f"device {device}  peak bf16 matmul {peak:.1f} TFLOP/s, fp8 {peak_fp8:.1f}  model {args.shape}  ranks "
@@ -315,6 +313,8 @@ def main(argv: list[str] | None = None) -> None:
                                                "shape": args.shape, "num_layers": hf_cfg.num_hidden_layers,
                                                "ranks": settings.vllm.world_size, "kv_cache": kv,
                                                "engine_args": engine_args, "rows": rows}, indent=1))
+    if args.artifacts_out:
+        dump_artifacts(runner, Path(args.artifacts_out), args.artifact_nonces, max(args.seq_lens), min(args.batches))
 
 
 if __name__ == "__main__":

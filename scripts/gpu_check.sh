@@ -188,8 +188,8 @@ case "${1:-tests}" in
       started=$(date +%s)
       VLLM_USE_DEEP_GEMM=$dg VLLM_MOE_USE_DEEP_GEMM=$dg VLLM_USE_DEEP_GEMM_E8M0=$e8m0 VLLM_DEEP_GEMM_WARMUP=skip \
       timeout --signal=INT "${KTIMEOUT_S:-240}" python3 -m bench.poc_forward --shape qwen3-235b-a22b \
-        --num-layers "$layers" --quant fp8 --config-only --model-dir "$dir" --seq-lens 1024 --batches 32 64 \
-        --iters "${KITERS:-2}" --rounds 3 --gpu-memory-utilization 0.9 --engine-arg=--enforce-eager \
+        --num-layers "$layers" --quant fp8 --config-only --model-dir "$dir" --seq-lens 1024 --batches ${KBATCHES:-32 64} \
+        --iters "${KITERS:-2}" --rounds 3 --gpu-memory-utilization 0.85 --engine-arg=--enforce-eager \
         --engine-arg=--moe-backend="$moe" --engine-arg=--linear-backend="$linear" --engine-arg=--kernel-warmup=off \
         --artifacts-out "$kout/kernels-$name.json" --json "$kout/bench-$name.json" > "$kout/log-$name.txt" 2>&1 \
         || echo "$name: exit $?" | tee -a "$out/kernels.txt"
