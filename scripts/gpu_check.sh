@@ -178,8 +178,15 @@ case "${1:-tests}" in
             # weights): PoC vs bare at 32 and 64 x 1024, the FP8 peak, 256 nonces' artifacts per path and every
             # pair's L2 and verdicts (bench/kernel_paths.py). KERNELS="NAME:MOE:LINEAR:DEEP_GEMM:E8M0 ..."
     layers=${KLAYERS:-12}
-    config_only "$layers" fp8
-    kout=/tmp/kernels; mkdir -p "$kout"
+    weights=(--config-only)  # vLLM's dummy weights: for speed; their layers barely move the residual stream, so
+    if [ "${KWEIGHTS:-dummy}" = seeded ]; then  # the artifacts' distances between paths need the seeded ones
+      dir=models/qwen3-235b-a22b-${layers}l-fp8 weights=()
+      python3 -m backend.tools.modelgen --out "$dir" --shape qwen3-235b-a22b --num-layers "$layers" --quant fp8 \
+        2>&1 | tail -1
+    else
+      config_only "$layers" fp8
+    fi
+    kout=/tmp/kernels-${KWEIGHTS:-dummy}; mkdir -p "$kout"
     echo "nvcc: ${nvcc:-none}  CUDA_HOME: ${CUDA_HOME:-unset}  DeepGEMM staged: $([ -f /tmp/site/.staged-p5 ] && echo yes || echo no)" | tee -a "$out/kernels.txt"
     for spec in ${KERNELS:-triton:triton:auto:0:0 stock:auto:auto:1:1 deepgemm:deep_gemm:deep_gemm:1:0 deepgemm_e8m0:deep_gemm:deep_gemm:1:1}; do
       IFS=: read -r name moe linear dg e8m0 <<< "$spec"
@@ -188,7 +195,7 @@ case "${1:-tests}" in
       started=$(date +%s)
       VLLM_USE_DEEP_GEMM=$dg VLLM_MOE_USE_DEEP_GEMM=$dg VLLM_USE_DEEP_GEMM_E8M0=$e8m0 VLLM_DEEP_GEMM_WARMUP=skip \
       timeout --signal=INT "${KTIMEOUT_S:-240}" python3 -m bench.poc_forward --shape qwen3-235b-a22b \
-        --num-layers "$layers" --quant fp8 --config-only --model-dir "$dir" --seq-lens 1024 --batches ${KBATCHES:-32 64} \
+        --num-layers "$layers" --quant fp8 "${weights[@]}" --model-dir "$dir" --seq-lens 1024 --batches ${KBATCHES:-32 64} \
         --iters "${KITERS:-2}" --rounds 3 --gpu-memory-utilization 0.85 --engine-arg=--enforce-eager \
         --engine-arg=--moe-backend="$moe" --engine-arg=--linear-backend="$linear" --engine-arg=--kernel-warmup=off \
         --artifacts-out "$kout/kernels-$name.json" --json "$kout/bench-$name.json" > "$kout/log-$name.txt" 2>&1 \
