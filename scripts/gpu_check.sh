@@ -4,6 +4,8 @@
 #   bash scripts/gpu_check.sh tests    # the device-agnostic integration suite + tests/gpu on the CUDA engine
 #                                      # (tests/gpu/test_tensor_parallel.py needs two GPUs, skipped on one)
 #   bash scripts/gpu_check.sh bench-poc       # PoC forward (0.6B shape) vs bare forward, mining via HTTP vs direct
+#   bash scripts/gpu_check.sh fp8-default     # the default FP8 kernels on the seeded 235B slice: the choice, PoC,
+#                                             # chat against `vllm serve` on the same kernels
 #   bash scripts/gpu_check.sh kernels         # the FP8 MoE and linear kernel paths side by side on the 235B slice:
 #                                             # nonces/s, MFU, artifacts' L2 between paths (KERNELS, KLAYERS; DeepGEMM
 #                                             # staged by scripts/stage_deep_gemm.sh as .stage/p5)
@@ -64,8 +66,8 @@ if [ -f .stage/p5/deep_gemm.tar.xz ] && [ ! -f /tmp/site/.staged-p5 ]; then
 fi
 nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc 2>/dev/null | head -1 || true)
 [ -n "$nvcc" ] && export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$nvcc")")} PATH=$PATH:$(dirname "$nvcc")
+# With it, pocserve's default for block-FP8 checkpoints (backend/engine/kernels.py); `kernels` sets each path.
 [ -f /tmp/site/.staged-p5 ] && [ -n "$nvcc" ] || export VLLM_USE_DEEP_GEMM=0
-export VLLM_USE_DEEP_GEMM=${VLLM_USE_DEEP_GEMM:-0}  # the path of earlier figures; `kernels` sets it per path
 quiet() { grep -vE "^(INFO|WARNING|DEBUG)|^\(EngineCore"; }
 # The servers' logs of the latest bench.serving run, into $out/logs-TAG (their start phases explain start times).
 keep_logs() {
@@ -208,6 +210,24 @@ case "${1:-tests}" in
     ls "$kout"/kernels-*.json >/dev/null 2>&1 && python3 -m bench.kernel_paths "$kout"/kernels-*.json \
       --reference triton --json "$kout/pairs.json" 2>&1 | tee -a "$out/kernels.txt"
     tar czf "$out/kernels.tar.gz" -C "$kout" .
+    ;;
+  fp8-default)  # the default FP8 kernels on the seeded 235B slice (2 layers): the choice from the log, PoC vs
+                # bare, then chat against `vllm serve` on the same kernels (VLLM_USE_DEEP_GEMM_E8M0=0 for both)
+    dir=models/qwen3-235b-a22b-2l-fp8
+    python3 -m backend.tools.modelgen --out "$dir" --shape qwen3-235b-a22b --num-layers 2 --quant fp8 2>&1 | tail -1
+    free_gpus
+    timeout 200 python3 -m bench.poc_forward --shape qwen3-235b-a22b --num-layers 2 --quant fp8 --model-dir "$dir" \
+      --seq-lens 1024 --batches 32 64 --iters 2 --rounds 3 --gpu-memory-utilization 0.85 --engine-arg=--enforce-eager \
+      > "$out/fp8-default-poc.log" 2>&1 || echo "poc: exit $?"
+    grep -E "fp8_kernels|Fp8 MoE backend|for Fp8LinearMethod|^L=|^device|Error" "$out/fp8-default-poc.log" | cut -c1-300
+    free_gpus
+    VLLM_USE_DEEP_GEMM_E8M0=0 timeout "${TIMEOUT_S:-330}" python3 -m bench.serving --model-dir "$dir" \
+      --num-requests 256 --concurrency 64 --max-tokens 64 --max-model-len 2048 --max-num-seqs 128 \
+      --max-num-batched-tokens 8192 --gpu-memory-utilization 0.85 --enforce-eager --max-warmup-rounds 2 \
+      --systems ours,vllm --json "$out/fp8-default-serving.json" 2>&1 | quiet | tail -25
+    keep_logs fp8-default
+    grep -h "Fp8 MoE backend\|for Fp8LinearMethod" "$out"/logs-fp8-default/*.log | cut -c1-160 | sort | uniq -c || true
+    free_gpus
     ;;
   bench-poc)
     python3 -m bench.poc_forward --shape qwen3-0.6b --seq-lens 256 1024 --batches 32 64 --iters 10 \

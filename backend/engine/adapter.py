@@ -21,8 +21,8 @@ from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest  # noqa: E402
 from vllm.v1.engine.core import EngineCore  # noqa: E402
 from vllm.v1.executor import Executor  # noqa: E402
 
-from backend.engine import parallel, warmup  # noqa: E402
-from backend.engine.args import USAGE_CONTEXT, engine_args  # noqa: E402
+from backend.engine import kernels, parallel, warmup  # noqa: E402
+from backend.engine.args import USAGE_CONTEXT  # noqa: E402
 from backend.engine.poc import PocRunner  # noqa: E402
 from backend.settings import BackendSettings  # noqa: E402
 from common.config import SettingsError  # noqa: E402
@@ -46,7 +46,7 @@ class Engine:
         started = time.monotonic()
         parallel.bind_cpu_threads(settings)
         try:
-            self.vllm_config = engine_args(settings).create_engine_config(USAGE_CONTEXT)
+            self.vllm_config = kernels.engine_args(settings).create_engine_config(USAGE_CONTEXT)
         except ValueError as e:  # vLLM's own checks of its flags (pydantic's ValidationError is one too)
             raise SettingsError(" ".join(str(e).split())) from e
         model_max_len = int(self.vllm_config.model_config.max_model_len)

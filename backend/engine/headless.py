@@ -38,10 +38,11 @@ def run_worker_node(settings: BackendSettings) -> int:
     prepared already (backend/__main__.py)."""
     from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
-    from backend.engine.args import USAGE_CONTEXT, engine_args
+    from backend.engine import kernels
+    from backend.engine.args import USAGE_CONTEXT
 
     parallel.bind_cpu_threads(settings)
-    config = engine_args(settings).create_engine_config(USAGE_CONTEXT, headless=True)
+    config = kernels.engine_args(settings).create_engine_config(USAGE_CONTEXT, headless=True)
 
     def stop(signum, _frame) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -1,0 +1,93 @@
+"""The FP8 kernels a CUDA engine runs where the user names none: DeepGEMM for block-FP8 MoE and linear layers.
+
+vLLM 0.26 on Hopper puts a block-FP8 MoE on its Triton kernel unless DeepGEMM is asked for, and its linear layers
+on DeepGEMM (through FlashInfer) with the block scales re-quantised to powers of two (VLLM_USE_DEEP_GEMM_E8M0).
+Measured on one H200 (docs/benchmarks.md, "FP8 kernel paths", `scripts/gpu_check.sh kernels`), the 235B shape:
+- 12 layers: PoC 150–158 nonces/s on DeepGEMM (MoE and linear) against 99–100 on Triton MoE + CUTLASS linear,
+  ~1.55x, at 32, 64 and 128 x 1024;
+- 2 seeded layers, 256 nonces: DeepGEMM with the checkpoint's scales lies within 0.095 of Triton's artifacts (mean
+  0.019); with E8M0 scales within 0.225 (mean 0.057), a different model's numbers; E8M0 was ~2% faster.
+So where the user sets none of vLLM's flags or variables for these kernels, pocserve takes DeepGEMM for both with
+the checkpoint's scales, and logs the choice with its reason; any of `--moe-backend`, `--linear-backend`,
+VLLM_USE_DEEP_GEMM, VLLM_MOE_USE_DEEP_GEMM or VLLM_USE_DEEP_GEMM_E8M0 leaves vLLM's own choice alone.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping, MutableMapping
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from backend.engine import compat
+
+log = structlog.get_logger(__name__)
+
+USER_FLAGS = ("moe_backend", "linear_backend")
+USER_VARIABLES = ("VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM", "VLLM_USE_DEEP_GEMM_E8M0")
+# The checkpoint's block scales as they are (no power-of-two re-quantisation): the numbers a Triton node computes.
+DEEP_GEMM_ENV = {"VLLM_USE_DEEP_GEMM": "1", "VLLM_MOE_USE_DEEP_GEMM": "1", "VLLM_USE_DEEP_GEMM_E8M0": "0"}
+
+
+def is_block_fp8(config: Mapping[str, Any]) -> bool:
+    quant = config.get("quantization_config")
+    return isinstance(quant, dict) and quant.get("quant_method") == "fp8" and bool(quant.get("weight_block_size"))
+
+
+def why_not(config: Mapping[str, Any], given: frozenset[str], environ: Mapping[str, str], *, is_hopper: bool,
+            has_deep_gemm: bool, nvcc: str | None) -> str | None:
+    """None where DeepGEMM is the default to take; else why vLLM's own choice stands (pure: tested on CPU)."""
+    if not is_block_fp8(config):
+        return "not a block-FP8 checkpoint"
+    if named := [f"--{f.replace('_', '-')}" for f in USER_FLAGS if f in given] + \
+            [v for v in USER_VARIABLES if v in environ]:
+        return f"{', '.join(named)} given"
+    if not is_hopper:
+        return "not a Hopper GPU (measured on Hopper only)"
+    if not has_deep_gemm:
+        return "vLLM's DeepGEMM is not installed"
+    if nvcc is None:
+        return "no nvcc (DeepGEMM compiles its kernels at run time): set CUDA_HOME"
+    return None
+
+
+def find_nvcc(environ: Mapping[str, str]) -> str | None:
+    """Where DeepGEMM finds nvcc (vllm/third_party/deep_gemm/__init__.py `_find_cuda_home`)."""
+    home = environ.get("CUDA_HOME") or environ.get("CUDA_PATH")
+    if home:
+        candidates = [str(Path(home) / "bin" / "nvcc")]
+    else:
+        candidates = [shutil.which("nvcc") or "", "/usr/local/cuda/bin/nvcc"]
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+
+
+def choose(engine, config: Mapping[str, Any], given: frozenset[str], environ: MutableMapping[str, str]) -> dict:
+    """Sets DeepGEMM on `engine` (vLLM's EngineArgs) and `environ` where it is the default; what was decided, for
+    the log. CUDA builds only: vLLM's platform is read through NVML, so CUDA is not initialised here."""
+    from vllm.platforms import current_platform
+    from vllm.utils.import_utils import has_deep_gemm
+
+    nvcc = find_nvcc(environ)
+    reason = why_not(config, given, environ, is_hopper=current_platform.is_device_capability(90),
+                     has_deep_gemm=has_deep_gemm(), nvcc=nvcc)
+    if reason is not None:
+        return {"fp8_kernels": "vllm's choice", "reason": reason}
+    engine.moe_backend = engine.linear_backend = "deep_gemm"
+    environ.update(DEEP_GEMM_ENV)
+    return {"fp8_kernels": "deep_gemm", "reason": "block-FP8 on Hopper: 1.55x Triton MoE + CUTLASS (H200)",
+            "e8m0": False, "nvcc": nvcc}
+
+
+def engine_args(settings, environ: MutableMapping[str, str] = os.environ):
+    """backend/engine/args.py's engine arguments with the default FP8 kernels applied on a CUDA build (logged as
+    `fp8_kernels` for a block-FP8 model); the head and every headless node decide alike from the same flags."""
+    from backend.engine import args, parallel
+
+    engine = args.engine_args(settings)
+    config = parallel.model_config(Path(settings.model))
+    if not compat.is_cpu_build() and is_block_fp8(config):
+        log.info("fp8_kernels", **choose(engine, config, settings.vllm.given, environ))
+    return engine
