@@ -10,6 +10,13 @@ Measured on one H200 (docs/benchmarks.md, "FP8 kernel paths", `scripts/gpu_check
 So where the user sets none of vLLM's flags or variables for these kernels, pocserve takes DeepGEMM for both with
 the checkpoint's scales, and logs the choice with its reason; any of `--moe-backend`, `--linear-backend`,
 VLLM_USE_DEEP_GEMM, VLLM_MOE_USE_DEEP_GEMM or VLLM_USE_DEEP_GEMM_E8M0 leaves vLLM's own choice alone.
+
+DeepGEMM compiles each kernel with nvcc the first time a shape needs it (4–7 s each on an H200). vLLM's own warm-up
+of them (VLLM_DEEP_GEMM_WARMUP=relax) walks every token count up to max_num_batched_tokens: 4,715 of them at 65536,
+not through in 200 s on a first start (2026-12-02). With the choice pocserve skips it where the user did not set
+it: the kernels compile at their first forward (the PoC's first batch; chat's step sizes in pocserve's own kernel
+warm-up, backend/engine/warmup.py) into DG_JIT_CACHE_DIR, under vLLM's cache root so that compose's compile-cache
+volume keeps them across restarts (a restart measured 43 s against 71 s for the first start of the 12-layer slice).
 """
 
 from __future__ import annotations
@@ -67,6 +74,7 @@ def find_nvcc(environ: Mapping[str, str]) -> str | None:
 def choose(engine, config: Mapping[str, Any], given: frozenset[str], environ: MutableMapping[str, str]) -> dict:
     """Sets DeepGEMM on `engine` (vLLM's EngineArgs) and `environ` where it is the default; what was decided, for
     the log. CUDA builds only: vLLM's platform is read through NVML, so CUDA is not initialised here."""
+    import vllm.envs as vllm_envs
     from vllm.platforms import current_platform
     from vllm.utils.import_utils import has_deep_gemm
 
@@ -75,10 +83,17 @@ def choose(engine, config: Mapping[str, Any], given: frozenset[str], environ: Mu
                      has_deep_gemm=has_deep_gemm(), nvcc=nvcc)
     if reason is not None:
         return {"fp8_kernels": "vllm's choice", "reason": reason}
+    return {**take_deep_gemm(engine, environ, Path(vllm_envs.VLLM_CACHE_ROOT)), "nvcc": nvcc}
+
+
+def take_deep_gemm(engine, environ: MutableMapping[str, str], cache_root: Path) -> dict:
+    """DeepGEMM for MoE and linear layers with the checkpoint's scales; its warm-up and cache as the module says."""
     engine.moe_backend = engine.linear_backend = "deep_gemm"
     environ.update(DEEP_GEMM_ENV)
+    environ.setdefault("VLLM_DEEP_GEMM_WARMUP", "skip")
+    environ.setdefault("DG_JIT_CACHE_DIR", str(cache_root / "deep_gemm"))
     return {"fp8_kernels": "deep_gemm", "reason": "block-FP8 on Hopper: 1.55x Triton MoE + CUTLASS (H200)",
-            "e8m0": False, "nvcc": nvcc}
+            "e8m0": False, "warmup": environ["VLLM_DEEP_GEMM_WARMUP"], "jit_cache": environ["DG_JIT_CACHE_DIR"]}
 
 
 def engine_args(settings, environ: MutableMapping[str, str] = os.environ):

@@ -41,3 +41,16 @@ def test_choose_leaves_engine_and_environment_alone_off_hopper():
     decided = kernels.choose(engine, BLOCK_FP8, frozenset(), environ)  # this machine: vLLM's CPU platform
     assert decided["fp8_kernels"] == "vllm's choice" and "Hopper" in decided["reason"]
     assert (engine.moe_backend, engine.linear_backend, environ) == ("auto", "auto", {})
+
+
+def test_taking_deep_gemm_keeps_the_checkpoints_scales_and_a_users_warmup_and_cache(tmp_path):
+    engine = types.SimpleNamespace(moe_backend="auto", linear_backend="auto")
+    environ: dict[str, str] = {}
+    decided = kernels.take_deep_gemm(engine, environ, tmp_path)
+    assert (engine.moe_backend, engine.linear_backend) == ("deep_gemm", "deep_gemm")
+    assert environ["VLLM_USE_DEEP_GEMM_E8M0"] == "0" and environ["VLLM_USE_DEEP_GEMM"] == "1"
+    assert environ["VLLM_DEEP_GEMM_WARMUP"] == "skip" and environ["DG_JIT_CACHE_DIR"] == str(tmp_path / "deep_gemm")
+    assert decided["fp8_kernels"] == "deep_gemm" and decided["e8m0"] is False
+    environ = {"VLLM_DEEP_GEMM_WARMUP": "relax", "DG_JIT_CACHE_DIR": "/cache"}
+    kernels.take_deep_gemm(engine, environ, tmp_path)
+    assert (environ["VLLM_DEEP_GEMM_WARMUP"], environ["DG_JIT_CACHE_DIR"]) == ("relax", "/cache")
