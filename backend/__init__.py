@@ -1,9 +1,9 @@
 """The backend: the engine process and its processor process. Every thread, who runs it, what it may touch.
 
 Engine process (`python -m backend`, backend/__main__.py):
-- engine thread (the main thread): runs the loop (loop.py): ingest → policy.choose → execute → route. The only
+- engine thread (the main thread): runs the loop (core/loop.py): ingest → policy.choose → execute → route. The only
   thread that calls vLLM's EngineCore (engine/) and the workers' RPCs, and the only one that reads or changes the
-  chat table (chat.py), the PoC service and its artifact queue, or the in-memory job queue (pow/). It never
+  chat table (core/chat.py), the PoC service and its artifact queue, or the in-memory job queue (pow/). It never
   touches a socket, never encodes, never blocks on I/O: it hands messages to the outbox and work to the others.
 - zmq-io thread (transport/server.py): owns the ROUTER to the frontends and the PAIR to the processor. Decodes
   frames into the inbox, answers Hello and Ping itself (transport/control.py, from the snapshot the engine thread

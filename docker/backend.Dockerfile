@@ -48,9 +48,9 @@ RUN python -m pip install --no-deps -e . \
  && python -m compileall -q -j 0 protocol common backend poc sampling \
     "$(python -c 'import importlib.util as u, os; print(os.path.dirname(os.path.dirname(u.find_spec("vllm").origin)))')" \
  && mkdir -p /var/lib/pocserve /models \
- && python -c "import backend.settings"
+ && python -c "import backend.startup.settings"
 
-# Container defaults; every POCSERVE_* one is a backend setting (see backend/settings.py), overridable at run.
+# Container defaults; every POCSERVE_* one is a backend setting (see backend/startup/settings.py), overridable at run.
 ENV POCSERVE_BACKEND_ADDRESS=tcp://0.0.0.0:5555 \
     POCSERVE_BACKEND_BIND_ANY=1 \
     POCSERVE_LOG_FORMAT=json \

@@ -14,9 +14,9 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.usage.usage_lib import UsageContext
 
 if TYPE_CHECKING:
-    # A type only: backend/settings.py builds its vLLM arguments with this module's configs (through
-    # backend/vllm_args.py), so a run-time import here would close a cycle.
-    from backend.settings import BackendSettings
+    # A type only: backend/startup/settings.py builds its vLLM arguments with this module's configs (through
+    # backend/startup/vllm_args.py), so a run-time import here would close a cycle.
+    from backend.startup.settings import BackendSettings
 
 # vllm serve's context: its defaults for max_num_seqs and max_num_batched_tokens where we pass none.
 USAGE_CONTEXT = UsageContext.OPENAI_API_SERVER

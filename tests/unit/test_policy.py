@@ -1,5 +1,6 @@
-"""Unit tests for backend.policy and backend.share: `choose` as a decision table (add a row per new snapshot field
-or work kind), and the chat share's account driven through chat idle, light chat, heavy chat, share 0 and 1."""
+"""Unit tests for backend.core.policy and backend.core.share: `choose` as a decision table (add a row per new
+snapshot field or work kind), and the chat share's account driven through chat idle, light chat, heavy chat, share 0
+and 1."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import typing
 
 import pytest
 
-from backend import policy
-from backend.policy import EngineStep, Idle, PocBatch, PocChunk, Snapshot
+from backend.core import policy
+from backend.core.policy import EngineStep, Idle, PocBatch, PocChunk, Snapshot
+from backend.core.share import INFINITE, ChatShare
 from backend.pow.cost import Cost
-from backend.share import INFINITE, ChatShare
 
 # A forward: 2 ms of overhead, 1 ms a sequence; efficient from 8 sequences (overhead at most a fifth).
 COST = Cost(overhead_s=0.002, per_seq_s=0.001)
