@@ -7,16 +7,11 @@ import copy
 import dataclasses
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from vllm.config import CompilationConfig, StructuredOutputsConfig
 from vllm.engine.arg_utils import EngineArgs
 from vllm.usage.usage_lib import UsageContext
-
-if TYPE_CHECKING:
-    # A type only: backend/startup/settings.py builds its vLLM arguments with this module's configs (through
-    # backend/startup/vllm_args.py), so a run-time import here would close a cycle.
-    from backend.startup.settings import BackendSettings
 
 # vllm serve's context: its defaults for max_num_seqs and max_num_batched_tokens where we pass none.
 USAGE_CONTEXT = UsageContext.OPENAI_API_SERVER
@@ -64,6 +59,15 @@ def compilation_config(config: CompilationConfig, fusion_setting: str,
     return config
 
 
-def engine_args(settings: BackendSettings) -> EngineArgs:
+class HoldsEngineArgs(Protocol):
+    """What engine_args reads of the backend's settings (BackendSettings, backend/startup/settings.py). A protocol,
+    not that class: the settings build their vLLM arguments with this module's configs (through
+    backend/startup/vllm_args.py), so this module imports nothing of theirs, not even a type."""
+
+    @property
+    def engine(self) -> Any: ...
+
+
+def engine_args(settings: HoldsEngineArgs) -> EngineArgs:
     """A copy of the settings' engine arguments (vLLM fills in defaults on the object it builds a config from)."""
-    return copy.deepcopy(settings.vllm.engine)
+    return copy.deepcopy(settings.engine)
