@@ -42,7 +42,7 @@ COPY poc/ poc/
 COPY sampling/ sampling/
 # Bytecode compiled into the image: PYTHONDONTWRITEBYTECODE keeps the container from writing it at run time, and
 # without it every start compiled vLLM's and torch's sources again on import (21-24 s of a 35 s restart on an
-# H100 host, docs/benchmarks.md). The second path is the directory holding vllm and torch; where the base has
+# H100 host, docs/benchmarks-history.md). The second path is the directory holding vllm and torch; where the base has
 # compiled it already, compileall only checks timestamps.
 RUN python -m pip install --no-deps -e . \
  && python -m compileall -q -j 0 protocol common backend poc sampling \

@@ -40,7 +40,7 @@ def allreduce_fusion(setting: str, environ: Mapping[str, str]) -> bool:
     On one node vLLM 0.26 picks FlashInfer's multicast ("mnnvl") kernel for it. Without NVLink multicast that
     kernel hits an illegal memory access in the engine's first (profiling) forward: `vllm serve` and our backend
     both died that way at TP=2 on an H100 host with multicast off, and `vllm serve` with the fusion off got past
-    it (docs/benchmarks.md, 2026-11-25 late night; upstream: vllm-project/vllm#48071). Off, TP all-reduces go
+    it (docs/benchmarks-history.md, 2026-11-25 late night; upstream: vllm-project/vllm#48071). Off, TP all-reduces go
     through vLLM's other all-reduce backends and the norm runs on its own; the PoC forward is eager either way."""
     if setting == "auto":
         return multicast_switched_off(environ) is None
