@@ -21,11 +21,11 @@ from pathlib import Path
 import structlog
 import zmq
 
-from backend import fork_env
+from backend.core.heap import HeapTrimmer
 from backend.engine import compat
-from backend.heap import HeapTrimmer
 from backend.pow.store import StoreError, open_store
-from backend.settings import BackendSettings, load_settings
+from backend.startup import fork_env
+from backend.startup.settings import BackendSettings, load_settings
 from backend.transport.control import ControlPlane
 from backend.transport.curve import CurveGate
 from backend.transport.peers import PeerTable
@@ -77,12 +77,12 @@ def stop_processor(proc: SpawnProcess) -> None:
 def build_loop(settings: BackendSettings, engine, server: SocketServer, inbox: queue.Queue, control: ControlPlane,
                store, processor: SpawnProcess):
     """The engine loop with its collaborators; frontends are admitted once the processor is ready."""
-    from backend.chat import ChatRequests
+    from backend.core.chat import ChatRequests
+    from backend.core.loop import BackendLoop
+    from backend.core.share import ChatShare
     from backend.engine.faults import FaultyEngine
-    from backend.loop import BackendLoop
     from backend.pow.artifact_queue import ArtifactQueue
     from backend.pow.service import build_pow_service
-    from backend.share import ChatShare
 
     built = EngineBuilt(num_gpu_blocks=engine.num_gpu_blocks, max_model_len=engine.max_model_len)
     if settings.fault_fail_on_step:

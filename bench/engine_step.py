@@ -34,7 +34,7 @@ compat.prepare_environment()
 
 import zmq  # noqa: E402
 
-from backend.settings import load_settings  # noqa: E402
+from backend.startup.settings import load_settings  # noqa: E402
 from backend.tools.modelgen import ensure_model  # noqa: E402
 from protocol.generate import ChatMessage, GenerateRequest, SamplingSpec  # noqa: E402
 

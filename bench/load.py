@@ -62,7 +62,7 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, i: int, max
 def tokens_for(i: int, max_tokens: int, min_tokens: int | None) -> int:
     """Request i's max_tokens: all at max_tokens, or spread evenly over [min_tokens, max_tokens] by index (the same
     for every system). Requests of one length in a closed loop end together and come back together: their
-    prefills then land in the same steps, in waves, which spread lengths break up (docs/benchmarks.md)."""
+    prefills then land in the same steps, in waves, which spread lengths break up (docs/benchmarks-history.md)."""
     if min_tokens is None or min_tokens >= max_tokens:
         return max_tokens
     return min_tokens + (i * 7919) % (max_tokens - min_tokens + 1)

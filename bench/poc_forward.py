@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
         p.error("--rounds and --iters must be at least 1")
 
     from backend.engine.adapter import Engine
-    from backend.settings import load_settings
+    from backend.startup.settings import load_settings
     from backend.tools.modelgen import ensure_model, write_config_only
     model_dir = Path(args.model_dir or f"models/{args.shape}")
     engine_args = list(args.engine_arg)

@@ -184,7 +184,7 @@ def bench_system(name: str, args: argparse.Namespace, model_dir: Path) -> dict:
     port = free_port()
     procs: list[Proc] = []
     # The ours-first runs at TP=4 on 4xH200 lost up to 10x in TTFT, likely to the previous step's processes still
-    # exiting (docs/benchmarks.md, 2026-11-26; not measured): the wait avoids that, the list shows what stayed.
+    # exiting (docs/benchmarks-history.md, 2026-11-26; not measured): the wait avoids that, the list shows what stayed.
     waited_s, held = wait_gpus_free(args.gpu_free_timeout_s)
     if held:
         print(f"[{name}] GPUs still held after {waited_s:.0f} s: {held}", flush=True)

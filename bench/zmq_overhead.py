@@ -150,7 +150,7 @@ def curve_server_flags(keys_dir: Path) -> list[str]:
 def serve_fake_backend(address: str, keys_dir: Path | None) -> None:
     import zmq
 
-    from backend import settings as backend_settings
+    from backend.startup import settings as backend_settings
     from backend.transport.control import ControlPlane
     from backend.transport.curve import CurveGate
     from backend.transport.server import SocketServer

@@ -30,7 +30,7 @@ FROM ${PYTHON_IMAGE}
 # (scripts/compose_test.sh copies the host's). TORCH_INDEX_URL= (empty) refuses the index: the wheel must be there.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 
-# Container defaults; every POCSERVE_* one is a backend setting (backend/settings.py), overridable at run.
+# Container defaults; every POCSERVE_* one is a backend setting (backend/startup/settings.py), overridable at run.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -77,7 +77,7 @@ RUN set -e; apt-get update -q; DEBIAN_FRONTEND=noninteractive apt-get install -y
  && python -c "import torch, vllm, transformers; assert torch.__version__ == '2.13.0+cpu', torch.__version__; \
 import ctypes; ctypes.CDLL('libnuma.so.1'); print('base ok: torch', torch.__version__, 'vllm', vllm.__version__)"
 
-# The source, byte-compiled in its stage: the one instruction after the heavy layer. `import backend.settings` is
+# The source, byte-compiled in its stage: the one instruction after the heavy layer. `import backend.startup.settings` is
 # not tried here (it would cost a RUN, two more full copies under vfs): the stack's start in make compose-test is
 # that check, and docker/backend.Dockerfile (the GPU image, on overlay storage) still makes it.
 COPY --from=source /src/ /opt/pocserve/

@@ -42,15 +42,15 @@ COPY poc/ poc/
 COPY sampling/ sampling/
 # Bytecode compiled into the image: PYTHONDONTWRITEBYTECODE keeps the container from writing it at run time, and
 # without it every start compiled vLLM's and torch's sources again on import (21-24 s of a 35 s restart on an
-# H100 host, docs/benchmarks.md). The second path is the directory holding vllm and torch; where the base has
+# H100 host, docs/benchmarks-history.md). The second path is the directory holding vllm and torch; where the base has
 # compiled it already, compileall only checks timestamps.
 RUN python -m pip install --no-deps -e . \
  && python -m compileall -q -j 0 protocol common backend poc sampling \
     "$(python -c 'import importlib.util as u, os; print(os.path.dirname(os.path.dirname(u.find_spec("vllm").origin)))')" \
  && mkdir -p /var/lib/pocserve /models \
- && python -c "import backend.settings"
+ && python -c "import backend.startup.settings"
 
-# Container defaults; every POCSERVE_* one is a backend setting (see backend/settings.py), overridable at run.
+# Container defaults; every POCSERVE_* one is a backend setting (see backend/startup/settings.py), overridable at run.
 ENV POCSERVE_BACKEND_ADDRESS=tcp://0.0.0.0:5555 \
     POCSERVE_BACKEND_BIND_ANY=1 \
     POCSERVE_LOG_FORMAT=json \

@@ -61,7 +61,7 @@ def precheck(early: Early) -> None:
 def check_backend(plan: Plan, environ: dict[str, str]) -> None:
     """The backend's own reading of the command line, here: an engine flag it refuses, or a bad POCSERVE_*
     value, fails before anything starts, with the line the backend would print."""
-    from backend.settings import load_settings as backend_settings
+    from backend.startup.settings import load_settings as backend_settings
 
     backend_settings([*plan.backend_args, *BACKEND_FIXED], environ)
 

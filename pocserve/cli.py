@@ -1,7 +1,7 @@
 """vLLM's own api_server command line, parsed by vLLM's own parser: every flag vLLM accepts parses here.
 
 What the launcher needs beyond vLLM's namespace is which options were actually given (a flag given with any
-value, even vLLM's default, counts as given): the backend's parse tells it (backend/vllm_args.py).
+value, even vLLM's default, counts as given): the backend's parse tells it (backend/startup/vllm_args.py).
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ def build_parser():
 def parse(argv: Sequence[str]) -> Parsed:
     """The command line through vLLM's parser, and which options it gave (the backend's reading, without its
     POCSERVE_<NAME> variables: the launcher's command line is vLLM's alone)."""
-    from backend.vllm_args import parse as parse_given
-    from backend.vllm_args import vllm_actions
+    from backend.startup.vllm_args import parse as parse_given
+    from backend.startup.vllm_args import vllm_actions
 
     parser = build_parser()
     actions = vllm_actions(parser)

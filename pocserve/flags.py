@@ -2,11 +2,11 @@
 HTTP server.
 
 Every engine flag (a field of vLLM's EngineArgs) goes to the backend as given: the backend takes vLLM's whole
-command line and builds EngineArgs from it (backend/vllm_args.py, where its few overrides are listed). The flags of
-vLLM's HTTP server are decided here: used by the launcher (host, port, key), honoured by the backend's processor
-(chat template, tool parser), mapped onto a frontend setting, ignored with a log line (logging, CORS, docs pages)
-or refused with the reason. A server flag not in the table is refused when it is given with a value other than
-vLLM's default: silently serving something else than the operator asked for is worse than not starting.
+command line and builds EngineArgs from it (backend/startup/vllm_args.py, where its few overrides are listed). The
+flags of vLLM's HTTP server are decided here: used by the launcher (host, port, key), honoured by the backend's
+processor (chat template, tool parser), mapped onto a frontend setting, ignored with a log line (logging, CORS, docs
+pages) or refused with the reason. A server flag not in the table is refused when it is given with a value other
+than vLLM's default: silently serving something else than the operator asked for is worse than not starting.
 
 `python -m pocserve.flags` prints the README's table: this one and the backend's overrides.
 """
@@ -249,7 +249,7 @@ def _first(value: str | list[str] | None) -> str:
 def markdown_table() -> str:
     """The README's tables: the server flags, one row per rule (flags that share their reason in one row), then
     the engine flags pocserve does not pass as given."""
-    from backend.vllm_args import OVERRIDES
+    from backend.startup.vllm_args import OVERRIDES
 
     by_does: dict[str, list[str]] = {}
     for dest, rule in TABLE.items():

@@ -80,7 +80,7 @@ class LinkStats(msgspec.Struct, kw_only=True):
 
 
 class EngineStats(msgspec.Struct, kw_only=True):
-    """The engine thread's part, published between steps (backend/loop.py)."""
+    """The engine thread's part, published between steps (backend/core/loop.py)."""
 
     num_running: int
     num_waiting: int

@@ -81,7 +81,7 @@ fi
 # network much of its time), and in the background the frontend and then docker/backend.Dockerfile, which need
 # nothing of it. vLLM's CUDA image is out of reach: the stand-in is the local Python image with vllm 0.26.0 and
 # torch 2.11.0 as installed metadata (empty packages), so that docker/backend.Dockerfile's version check, its
-# --keep-installed dependency install, the source, `pip install -e`, compileall and `import backend.settings` all
+# --keep-installed dependency install, the source, `pip install -e`, compileall and `import backend.startup.settings` all
 # run. Its Python is 3.11 (Debian's), not the vLLM image's 3.12: the one version check given another value.
 gpu_build() {
     docker build -q -t pocserve-local/vllm-standin:0.26.0 - <<'DOCKERFILE' \

@@ -1,8 +1,8 @@
 """Prints the README's settings tables from the settings modules (so the README never drifts), and the section on
-the fork's environment variables (backend/fork_env.py)."""
+the fork's environment variables (backend/startup/fork_env.py)."""
 
-from backend.fork_env import readme_section
-from backend.settings import OPTIONS as BACKEND
+from backend.startup.fork_env import readme_section
+from backend.startup.settings import OPTIONS as BACKEND
 from frontend.settings import OPTIONS as FRONTEND
 
 

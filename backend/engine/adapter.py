@@ -24,7 +24,7 @@ from vllm.v1.executor import Executor  # noqa: E402
 from backend.engine import kernels, parallel, warmup  # noqa: E402
 from backend.engine.args import USAGE_CONTEXT  # noqa: E402
 from backend.engine.poc import PocRunner  # noqa: E402
-from backend.settings import BackendSettings  # noqa: E402
+from backend.startup.settings import BackendSettings  # noqa: E402
 from common.config import SettingsError  # noqa: E402
 from common.logs import process_uptime_s  # noqa: E402
 from protocol.common import Fingerprint  # noqa: E402

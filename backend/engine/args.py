@@ -7,16 +7,11 @@ import copy
 import dataclasses
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from vllm.config import CompilationConfig, StructuredOutputsConfig
 from vllm.engine.arg_utils import EngineArgs
 from vllm.usage.usage_lib import UsageContext
-
-if TYPE_CHECKING:
-    # A type only: backend/settings.py builds its vLLM arguments with this module's configs (through
-    # backend/vllm_args.py), so a run-time import here would close a cycle.
-    from backend.settings import BackendSettings
 
 # vllm serve's context: its defaults for max_num_seqs and max_num_batched_tokens where we pass none.
 USAGE_CONTEXT = UsageContext.OPENAI_API_SERVER
@@ -45,7 +40,7 @@ def allreduce_fusion(setting: str, environ: Mapping[str, str]) -> bool:
     On one node vLLM 0.26 picks FlashInfer's multicast ("mnnvl") kernel for it. Without NVLink multicast that
     kernel hits an illegal memory access in the engine's first (profiling) forward: `vllm serve` and our backend
     both died that way at TP=2 on an H100 host with multicast off, and `vllm serve` with the fusion off got past
-    it (docs/benchmarks.md, 2026-11-25 late night; upstream: vllm-project/vllm#48071). Off, TP all-reduces go
+    it (docs/benchmarks-history.md, 2026-11-25 late night; upstream: vllm-project/vllm#48071). Off, TP all-reduces go
     through vLLM's other all-reduce backends and the norm runs on its own; the PoC forward is eager either way."""
     if setting == "auto":
         return multicast_switched_off(environ) is None
@@ -64,6 +59,15 @@ def compilation_config(config: CompilationConfig, fusion_setting: str,
     return config
 
 
-def engine_args(settings: BackendSettings) -> EngineArgs:
+class HoldsEngineArgs(Protocol):
+    """What engine_args reads of the backend's settings (BackendSettings, backend/startup/settings.py). A protocol,
+    not that class: the settings build their vLLM arguments with this module's configs (through
+    backend/startup/vllm_args.py), so this module imports nothing of theirs, not even a type."""
+
+    @property
+    def engine(self) -> Any: ...
+
+
+def engine_args(settings: HoldsEngineArgs) -> EngineArgs:
     """A copy of the settings' engine arguments (vLLM fills in defaults on the object it builds a config from)."""
-    return copy.deepcopy(settings.vllm.engine)
+    return copy.deepcopy(settings.engine)

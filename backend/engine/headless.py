@@ -14,7 +14,7 @@ import time
 import structlog
 
 from backend.engine import parallel
-from backend.settings import BackendSettings
+from backend.startup.settings import BackendSettings
 
 log = structlog.get_logger(__name__)
 

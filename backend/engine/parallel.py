@@ -18,7 +18,7 @@ from typing import Any
 import structlog
 
 from backend.engine import compat
-from backend.settings import BackendSettings
+from backend.startup.settings import BackendSettings
 from common.config import SettingsError
 
 log = structlog.get_logger(__name__)

@@ -69,7 +69,7 @@ class PocRunner:
         # Forwards launched at once (--poc-forwards-in-flight); set by the engine at start. With one, the device
         # waits between forwards while the engine thread notices the end, reads the artifacts and launches the next.
         self.max_in_flight = 2
-        # Whether a time-sliced engine may park a launched forward between decoder layers (backend/policy.py): one
+        # Whether a time-sliced engine may park a launched forward between decoder layers (backend/core/policy.py): one
         # rank only, since each rank's worker cuts its chunks by its own clock and ranks must run the same layers
         # between their collectives. Set by the engine at start.
         self.parks = False

@@ -6,7 +6,7 @@ tile configuration and per specialisation of its integer arguments (M × top-k d
 odd). vLLM's own warm-up runs one size eager (max_num_batched_tokens) and, compiled, its CUDA graph sizes, so every
 other configuration is built at the first chat step that meets it: on the 235B shape at TP=4, `vllm serve`'s "Triton
 kernel JIT compilation during inference: fused_moe_kernel" warning and TTFT p99 of 4-6 s in its first rounds
-(docs/benchmarks.md). Running the model at each tuning size and its odd neighbour pays that before ready.
+(docs/benchmarks-history.md). Running the model at each tuning size and its odd neighbour pays that before ready.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ class Cost:
     overhead_s: float
     per_seq_s: float
     # The one size every recent forward had (0 once sizes vary): overhead cannot be told from per-sequence cost
-    # then, and counts as none, so a forward of that size always looks efficient (backend/policy.py probes).
+    # then, and counts as none, so a forward of that size always looks efficient (backend/core/policy.py probes).
     only_size: int = 0
 
     def seconds(self, num_seqs: int) -> float:

@@ -23,7 +23,7 @@ from backend.pow.callbacks import CallbackSender
 from backend.pow.jobs import GenerateQueue, Job, QueueFull
 from backend.pow.results import MinedBody, callback_body, echo, job_result, job_view
 from backend.pow.store import Store
-from backend.settings import BackendSettings
+from backend.startup.settings import BackendSettings
 from poc.errors import PocInputError
 from poc.manager import MiningRound, RoundSpec
 from poc.nonces import check_node

@@ -19,7 +19,7 @@ from backend.processor.parsing import ChatParsers
 from backend.processor.prepare import Preparer
 from backend.processor.present import Presenter
 from backend.processor.tokenization import Tokenization
-from backend.settings import BackendSettings
+from backend.startup.settings import BackendSettings
 from protocol.processor import ProcessorReady
 
 

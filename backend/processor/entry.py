@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 
-from backend.settings import BackendSettings
+from backend.startup.settings import BackendSettings
 from common.process import die_with_parent, set_title
 
 

@@ -19,7 +19,7 @@ from backend.errors import RequestError
 from backend.processor import cost
 from backend.processor.params import Vocab, check_lengths, render_prompt, sampling_params
 from backend.processor.parsing import ChatParsers, RequestParsing, tool_dicts
-from backend.settings import BackendSettings
+from backend.startup.settings import BackendSettings
 from protocol.generate import GenerateRequest
 
 

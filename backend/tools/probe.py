@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import msgspec
 import zmq
 
-from backend.settings import DEFAULT_ADDRESS
+from backend.startup.settings import DEFAULT_ADDRESS
 from common.config import SettingsError, load, option, setting
 from common.curve import KeyFile, check_client_keys, client_key_setting, server_key_setting, set_client_keys
 from common.process import refuse

@@ -25,7 +25,7 @@ import zmq
 from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
 
-from backend.settings import reload_curve_clients
+from backend.startup.settings import reload_curve_clients
 from common.config import SettingsError
 from common.curve import KeyFile, PublicKeys
 from common.sockets import make_socket

@@ -22,7 +22,7 @@ import pytest
 import zmq
 import zmq.auth
 
-from backend import settings as backend_settings
+from backend.startup import settings as backend_settings
 from backend.tools.curve_keys import create_key_pair
 from backend.transport.control import ControlPlane
 from backend.transport.curve import CurveGate

@@ -1,11 +1,11 @@
-"""Unit tests for backend/chat.py with a fake engine and a recording send: the chat request table through the
+"""Unit tests for backend/core/chat.py with a fake engine and a recording send: the chat request table through the
 processor round trip, aborts (by the frontend, a lost frontend, the PoC gate), stop strings and finishes."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from backend.chat import ChatRequests
+from backend.core.chat import ChatRequests
 from backend.errors import gate_error
 from backend.processor import PreparedRequests
 from backend.transport.peers import FrontendLost

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from backend import settings as backend_settings
-from backend import vllm_args
+from backend.startup import settings as backend_settings
+from backend.startup import vllm_args
 from frontend import settings as frontend_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +48,7 @@ def vllm_env_names() -> set[str]:
 
 
 SETTINGS_ENVS = {
-    # The backend's own settings and vLLM's flags, each POCSERVE_<NAME> (backend/vllm_args.py).
+    # The backend's own settings and vLLM's flags, each POCSERVE_<NAME> (backend/startup/vllm_args.py).
     "backend": {opt.env for opt in backend_settings.OPTIONS} | vllm_env_names(),
     "frontend": {opt.env for opt in frontend_settings.OPTIONS},
 }

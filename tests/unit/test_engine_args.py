@@ -6,7 +6,7 @@ import pytest
 from vllm.config import CompilationConfig
 
 from backend.engine.args import allreduce_fusion, compilation_config
-from backend.settings import load_settings
+from backend.startup.settings import load_settings
 from common.config import SettingsError
 
 

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from backend import settings as backend_settings
 from backend.engine import compat, parallel
+from backend.startup import settings as backend_settings
 from common.config import SettingsError
 
 # The tiny model's shape (4 heads, 2 KV heads, 4 layers) and a MoE one.

@@ -1,12 +1,12 @@
 """The fork's environment variables (issue 28, item 7): each one either a backend setting under the fork's name or
-listed in backend/fork_env.py with its reason; a listed one set in the environment is warned about at start."""
+listed in backend/startup/fork_env.py with its reason; a listed one set in the environment is warned about at start."""
 
 from __future__ import annotations
 
 from structlog.testing import capture_logs
 
-from backend import fork_env
-from backend.settings import OPTIONS
+from backend.startup import fork_env
+from backend.startup.settings import OPTIONS
 
 
 def test_fork_env_warns_once_for_each_not_applicable_variable_set():

@@ -1,11 +1,11 @@
-"""backend/heap.py: malloc_trim gives freed heap pages back, and the trimmer thread calls it on its interval."""
+"""backend/core/heap.py: malloc_trim gives freed heap pages back, and the trimmer thread calls it on its interval."""
 
 import ctypes
 import time
 
 import pytest
 
-from backend.heap import HeapTrimmer, malloc_trim, rss_bytes
+from backend.core.heap import HeapTrimmer, malloc_trim, rss_bytes
 
 trim = malloc_trim()
 pytestmark = pytest.mark.skipif(trim is None, reason="no glibc malloc_trim")

@@ -26,7 +26,7 @@ def test_a_tool_parsers_traceback_becomes_one_warning_line():
 
 
 def test_other_loggers_keep_their_traceback():
-    for name in ("vllm.v1.engine.core", "backend.loop", "vllm.tool_parsers_extra"):
+    for name in ("vllm.v1.engine.core", "backend.core.loop", "vllm.tool_parsers_extra"):
         record = _record(name)
         assert model_output_errors_in_one_line(record)
         assert record.levelno == logging.ERROR and record.exc_info is not None

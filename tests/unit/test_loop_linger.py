@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from backend import loop as loop_module
-from backend import policy
-from backend.loop import CHAT_LINGER_S, BackendLoop
-from backend.share import ChatShare
+from backend.core import loop as loop_module
+from backend.core import policy
+from backend.core.loop import CHAT_LINGER_S, BackendLoop
+from backend.core.share import ChatShare
 
 
 class FakeChat:

@@ -1,5 +1,6 @@
-"""Unit tests for backend.policy and backend.share: `choose` as a decision table (add a row per new snapshot field
-or work kind), and the chat share's account driven through chat idle, light chat, heavy chat, share 0 and 1."""
+"""Unit tests for backend.core.policy and backend.core.share: `choose` as a decision table (add a row per new
+snapshot field or work kind), and the chat share's account driven through chat idle, light chat, heavy chat, share 0
+and 1."""
 
 from __future__ import annotations
 
@@ -8,19 +9,19 @@ import typing
 
 import pytest
 
-from backend import policy
-from backend.policy import EngineStep, Idle, PocBatch, PocChunk, Snapshot
+from backend.core import policy
+from backend.core.policy import EngineStep, Idle, PocBatch, PocChunk, Snapshot
+from backend.core.share import INFINITE, ChatShare
 from backend.pow.cost import Cost
-from backend.share import INFINITE, ChatShare
 
 # A forward: 2 ms of overhead, 1 ms a sequence; efficient from 8 sequences (overhead at most a fifth).
 COST = Cost(overhead_s=0.002, per_seq_s=0.001)
-# The CPU engine's tiny model at seq_len 1024: 127 ms a sequence (docs/benchmarks.md).
+# The CPU engine's tiny model at seq_len 1024: 127 ms a sequence (docs/benchmarks-history.md).
 CPU_COST = Cost(overhead_s=0.001, per_seq_s=0.127)
 # A forward whose 5% floor is 3 sequences and whose 20% floor is 1 (10 ms overhead, 84 ms a sequence).
 CPU_BURSTY = Cost(overhead_s=0.01, per_seq_s=0.084)
 
-# The 235B model at TP=2 in shared mode (docs/benchmarks.md): only one-sequence forwards seen, 145 ms each.
+# The 235B model at TP=2 in shared mode (docs/benchmarks-history.md): only one-sequence forwards seen, 145 ms each.
 FULL_DEPTH_ONE_SIZE = Cost(overhead_s=0.0, per_seq_s=0.145, only_size=1)
 
 # (snapshot, expected work, why): one row per case the loop must get right.

@@ -15,7 +15,7 @@ from backend.errors import RequestError
 from backend.processor.params import Vocab, render_prompt
 from backend.processor.parsing import ChatParsers
 from backend.processor.prepare import Preparer, shorten
-from backend.settings import load_settings
+from backend.startup.settings import load_settings
 from protocol.generate import ChatMessage, EnforcedToken, GenerateRequest, ResponseFormat, SamplingSpec, ToolSpec
 
 MAX_MODEL_LEN = 128

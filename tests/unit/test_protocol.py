@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import protocol
-from backend.chat import ChatRequests
+from backend.core.chat import ChatRequests
 from backend.pow.service import PowService
 from backend.processor import PreparedRequests
 from backend.transport.peers import FrontendLost

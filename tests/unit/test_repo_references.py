@@ -141,7 +141,7 @@ def test_every_file_named_is_in_the_repository() -> None:
 def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
     """The scanner itself: a stale path, a path outside the repository, a spec section; external and real paths
     pass."""
-    source = ROOT / "backend" / "loop.py"
+    source = ROOT / "backend" / "core" / "loop.py"
     assert not _resolves("backend/curve.py", source)
     assert not _resolves("../shared/gpu/README.md", ROOT / "scripts" / "gpu_check.sh")
     assert _resolves("backend/transport/server.py", source)

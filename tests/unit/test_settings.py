@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from backend import settings as backend_settings
+from backend.startup import settings as backend_settings
 from common.config import SettingsError
 from frontend import settings as frontend_settings
 

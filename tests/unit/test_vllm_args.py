@@ -1,5 +1,5 @@
-"""backend/vllm_args.py: the backend takes vLLM's whole serve command line. Engine flags reach EngineArgs as vLLM
-parsed them (vLLM's defaults when absent), from the command line or POCSERVE_<NAME>, except the overrides in
+"""backend/startup/vllm_args.py: the backend takes vLLM's whole serve command line. Engine flags reach EngineArgs as
+vLLM parsed them (vLLM's defaults when absent), from the command line or POCSERVE_<NAME>, except the overrides in
 OVERRIDES; what pocserve cannot honour is one line naming the flag (no engine is started)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from common.config import SettingsError
 pytest.importorskip("vllm")
 
 from backend.engine.compat import is_cpu_build
-from backend.settings import load_settings
-from backend.vllm_args import CPU_GPU_MEMORY_UTILIZATION, DEFAULT_MODEL, WORKER_EXTENSION
+from backend.startup.settings import load_settings
+from backend.startup.vllm_args import CPU_GPU_MEMORY_UTILIZATION, DEFAULT_MODEL, WORKER_EXTENSION
 
 # The ML node's runner and the network's Qwen3-235B configs (gonka deploy/join/node-config*.json).
 NETWORK = ["--model", "m", "--dtype", "float16", "--port", "5000", "--host", "0.0.0.0",

@@ -2,7 +2,7 @@
 
 Why: the engine thread queued the 0.6B shape's eager forward in 11 ms p50 of host time with chat idle (up to 32 ms
 p90), and in ~26 ms of 1.5 ms slices beside chat; a replay is one launch (0.8-1.0 ms p50 with the inputs), and
-leaves no gaps between kernels. On an H100 (docs/benchmarks.md, 2026-11-26): PoC alone 328-339 → 353-356
+leaves no gaps between kernels. On an H100 (docs/benchmarks-history.md, 2026-11-26): PoC alone 328-339 → 353-356
 nonces/s; beside 16 streaming chats at share 0.3, chat 0.80 → 0.85x its idle rate, PoC 0.71 → 0.76x its rate
 alone and TPOT p99 1.56 → 1.05x idle, against the eager forward in the same lease. The graph runs the kernels of
 the eager forward it was captured from (a `LayerwiseForward` queued whole), so its results are the same bit for bit.

@@ -3,7 +3,7 @@
 A forward launched while chat is idle runs on every SM (streams.py), and its kernels are persistent: a chat request
 that arrives meanwhile gets SMs only as each PoC kernel ends, so its prefill waited for whatever PoC had queued,
 up to two whole forwards (~85 ms each at 32 x 1024 on an H200, 0.6B shape: TTFT p50 28 → 123 ms in 16-stream
-bursts, docs/benchmarks.md). A paced forward is queued a layer at a time, never more than AHEAD_S of device work
+bursts, docs/benchmarks-history.md). A paced forward is queued a layer at a time, never more than AHEAD_S of device work
 ahead of the GPU (by the layer time measured on the forwards' own events, an event per layer); the moment chat
 arrives, chat's step is queued, and the rest of the forward goes onto PoC's share of the SMs (extension.py
 `_unpace`). So a request waits for about AHEAD_S (one layer at least) for PoC's work on every SM. Measured on an
@@ -27,7 +27,7 @@ from typing import Any
 # Above the engine thread's poll interval (1 ms) plus a layer's host time (~0.5 ms eager), so the GPU seldom waits
 # for the next layer: on an H200 (0.6B shape, 32 x 1024, ~3 ms a layer) 5 ms kept PoC alone at 362-364 nonces/s
 # against 375 with whole graphs, and 10 ms at 372 with 16-stream bursts' TTFT p99 +43 ms in one of two runs
-# (docs/benchmarks.md). POCSERVE_POC_PACED_AHEAD_MS sets it (benchmarks).
+# (docs/benchmarks-history.md). POCSERVE_POC_PACED_AHEAD_MS sets it (benchmarks).
 AHEAD_S = float(os.environ.get("POCSERVE_POC_PACED_AHEAD_MS", "5")) / 1000
 # Layers queued ahead before a shape's layer time is known.
 FIRST_AHEAD_LAYERS = 2

@@ -3,7 +3,7 @@
 Stream priority alone does not protect chat: the GPU dispatches a high-priority kernel's blocks first only as SMs
 free up, and the PoC forward's GEMMs and attention are persistent kernels (one block per SM for the whole kernel),
 so each of a decode step's few hundred small kernels waited for a PoC kernel to end (H100, 0.6B shape, 16 streams:
-TPOT 2.3 → 32 ms, docs/benchmarks.md). So a forward launched while chat is running goes to a green context holding
+TPOT 2.3 → 32 ms, docs/benchmarks-history.md). So a forward launched while chat runs goes to a green context holding
 only PoC's share of the SMs (`poc_sms`), and cuBLAS is told the same count (its SM-count target), leaving the rest to
 chat whatever PoC runs. A forward launched while chat is idle takes every SM (the device would idle otherwise);
 while chat may come back soon it is paced, and moves to PoC's SMs when chat does (pacing.py).

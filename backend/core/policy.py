@@ -43,7 +43,7 @@ IDLE_MAX_OVERHEAD = 0.05
 PARKED_WAIT_S = 0.03
 # Chat that ran within this long is likely to come again soon (bursts after short gaps): idle forwards keep their
 # bound at up to MAX_OVERHEAD_SHARE overhead (CPU engine: a 4-stream burst's TTFT p99 +88 ms during mining at the
-# 5% floor, docs/benchmarks.md).
+# 5% floor, docs/benchmarks-history.md).
 CHAT_QUIET_S = 30.0
 
 

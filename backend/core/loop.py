@@ -8,13 +8,13 @@ from collections.abc import Callable
 
 import structlog
 
-from backend import policy
-from backend.chat import ChatRequests
+from backend.core import policy
+from backend.core.chat import ChatRequests
+from backend.core.share import ChatShare
 from backend.engine import EngineApi
 from backend.errors import RequestFailed
 from backend.pow.artifact_queue import ArtifactQueue
 from backend.pow.service import PowService
-from backend.share import ChatShare
 from backend.transport.control import ControlPlane
 from protocol.common import EngineStats
 from protocol.control import ErrorReply

@@ -1,7 +1,7 @@
 """The backend's settings, declared once: every one a CLI flag and an environment variable, read once at start.
 
-Beside its own settings the backend takes vLLM's whole command line (backend/vllm_args.py): the engine's flags are
-vLLM's, parsed by vLLM, and reach vLLM's EngineArgs."""
+Beside its own settings the backend takes vLLM's whole command line (backend/startup/vllm_args.py): the engine's
+flags are vLLM's, parsed by vLLM, and reach vLLM's EngineArgs."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backend.vllm_args import VllmArgs
+from backend.startup.vllm_args import VllmArgs
 from common.config import SettingsError, add_options, build, check_choices, option, options, path, setting
 from common.curve import KeyFile, PublicKeys, load_public_keys, load_secret_key_file
 from common.logs import log_format_setting, log_level_setting
@@ -108,7 +108,7 @@ class BackendSettings:
                                       "fault injection for tests: the engine raises on this step (0 = never)")
     log_format: str = log_format_setting()
     log_level: str = log_level_setting()
-    # vLLM's own flags as the backend takes them (backend/vllm_args.py); set by load_settings.
+    # vLLM's own flags as the backend takes them (backend/startup/vllm_args.py); set by load_settings.
     vllm: VllmArgs = None  # type: ignore[assignment]
 
     @property
@@ -189,7 +189,7 @@ def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] 
     """pocserve's own settings and vLLM's whole `vllm serve` command line, in one parser: every vLLM flag parses
     with vLLM's parser and its error texts; SettingsError for a bad value of either."""
     from backend.engine.compat import is_cpu_build
-    from backend.vllm_args import parse, serve_parser, vllm_actions, vllm_args
+    from backend.startup.vllm_args import parse, serve_parser, vllm_actions, vllm_args
 
     environ = os.environ if environ is None else environ
     parser = serve_parser("pocserve-backend", "pocserve backend: owns the vLLM engine; takes vllm serve's flags")

@@ -1,8 +1,9 @@
 """The fork's environment variables that pocserve does not read, each with the reason (issue 28, item 7).
 
-The fork's variables pocserve honours are backend settings under the fork's names (`POC_*` in backend/settings.py).
-The rest are listed here once: the backend warns at start for each one set (an operator moving from the fork
-should learn that it does nothing here), and scripts/settings_table.py prints the README's section from this list.
+The fork's variables pocserve honours are backend settings under the fork's names (`POC_*` in
+backend/startup/settings.py). The rest are listed here once: the backend warns at start for each one set (an
+operator moving from the fork should learn that it does nothing here), and scripts/settings_table.py prints the
+README's section from this list.
 """
 
 from __future__ import annotations
