@@ -20,6 +20,7 @@ from vllm.distributed import get_pp_group, get_tp_group
 from vllm.forward_context import set_forward_context
 from vllm.sequence import IntermediateTensors
 from vllm.v1.attention.backend import CommonAttentionMetadata
+from vllm.v1.kv_cache_interface import AttentionSpec
 
 from backend.engine import compat
 from backend.engine.pocworker.hooks import own_layers, reflection_hooks
@@ -189,6 +190,22 @@ class Prefill:
     slot_mappings: dict
     tables: list[tuple[torch.Tensor, torch.Tensor]]
     built: list  # each attention group's built metadata
+
+
+def layout_problem(mr, cfg) -> str | None:
+    """Why `block_tables` cannot lay a prefill out on this model's KV cache, or None if it can. It gives every group
+    the same leased block ids, each a page of cache_config.block_size token positions: a group of recurrent state
+    (Mamba, GDN, KDA: one state per sequence, not per token) or of another page size (DeepSeek-V4's compressor, in
+    later vLLM versions) would be handed slots outside its own layout."""
+    for gid, group in enumerate(mr.kv_cache_config.kv_cache_groups):
+        spec = group.kv_cache_spec
+        name = type(spec).__name__
+        if not isinstance(spec, AttentionSpec):
+            return f"KV-cache group {gid} ({name}) holds recurrent state, not per-token attention pages"
+        if spec.block_size != cfg.cache_config.block_size:
+            return (f"KV-cache group {gid} ({name}) pages {spec.block_size} tokens, not the cache's "
+                    f"{cfg.cache_config.block_size}")
+    return None
 
 
 def block_tables(mr, cfg, block_ids: list[int], num_seqs: int, seq_len: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
