@@ -28,11 +28,13 @@ GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_sl
 
 
 def _attention(d: Dims, *, bias: bool = False, qk_norm: int = 0) -> Tensors:
-    """q/k/v/o projections (biases on q/k/v, and on o as well for gpt-oss's `bias="all"` is not this: see there);
-    qk_norm: the width of the q_norm/k_norm weights (head_dim per head, or the whole projection), 0 for none."""
+    """q/k/v/o projections, with biases on q/k/v where `bias` (gpt-oss adds o's bias itself); qk_norm: the width
+    of per-head q_norm/k_norm weights, 0 for none."""
     q_dim, kv_dim = d.num_attention_heads * d.head_dim, d.num_key_value_heads * d.head_dim
-    out = {"self_attn.q_proj.weight": (q_dim, d.hidden_size), "self_attn.k_proj.weight": (kv_dim, d.hidden_size),
-           "self_attn.v_proj.weight": (kv_dim, d.hidden_size), "self_attn.o_proj.weight": (d.hidden_size, q_dim)}
+    out: Tensors = {"self_attn.q_proj.weight": (q_dim, d.hidden_size),
+                    "self_attn.k_proj.weight": (kv_dim, d.hidden_size),
+                    "self_attn.v_proj.weight": (kv_dim, d.hidden_size),
+                    "self_attn.o_proj.weight": (d.hidden_size, q_dim)}
     if bias:
         out.update({"self_attn.q_proj.bias": (q_dim,), "self_attn.k_proj.bias": (kv_dim,),
                     "self_attn.v_proj.bias": (kv_dim,)})

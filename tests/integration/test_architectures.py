@@ -6,9 +6,10 @@ scheduling with forwards launched beside chat (`--poc-overlap on`: each forward 
 exclusive mode (forwards parked between decoder layers, time-sliced). The artifacts of one-nonce forwards must be
 the same bytes in both starts, and all within L2 BOUNDS of an independent HF-transformers forward
 (tests/reference_poc.py). DeepSeek-V3 on the CPU engine is not batch invariant (a nonce's bytes depend on the
-forward's other sequences, L2 up to 0.008 apart), so for it only one-nonce forwards are compared bit for bit; for
-the others they equal the 16-nonce request's bytes too. MiniMax-M2 is not here: vLLM 0.29's CPU build cannot route its experts (sigmoid scores without grouped top-k
-fail an assertion in its CPU MoE), chat as well as PoC; README, "Models and topologies".
+forward's other sequences, L2 up to 0.0083 apart), so for it only one-nonce forwards are compared bit for bit; for
+the others they equal the 16-nonce request's bytes too. MiniMax-M2 is not here: vLLM 0.29's CPU build cannot route
+its experts (sigmoid scores without grouped top-k fail an assertion in its CPU MoE), chat as well as PoC; README,
+"Models and topologies".
 """
 
 from __future__ import annotations
