@@ -1,6 +1,6 @@
 """backend/engine/pocworker/forward.py's layout_problem on vLLM's own KV-cache specs, and the start error PocRunner
-raises from it: PoC lays every group out on the same leased blocks, which only per-token attention pages of the
-cache's block size allow."""
+raises from it (PoC lays every group out on the same leased blocks, which only per-token attention pages of the
+cache's block size allow), and which decoder stacks it runs layer by layer."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, MLAAttentionSpec, SlidingWindowSpec
 
 from backend.engine.poc import PocRunner
-from backend.engine.pocworker.forward import layout_problem
+from backend.engine.pocworker.forward import is_layerwise, layout_problem
 from common.config import SettingsError
 from tests.unit.test_poc_runner import BLOCK_SIZE, FakeCore
 
@@ -47,3 +47,12 @@ def test_the_engine_refuses_to_start_with_the_workers_reason():
     with pytest.raises(SettingsError, match=r"^--model / POCSERVE_MODEL: HybridForCausalLM: KV-cache group 1 "
                                             r"\(MambaSpec\) holds recurrent state.*so PoC cannot lay its prefill"):
         PocRunner(core, max_num_seqs=4, max_batch_tokens=256)
+
+
+def test_layerwise_stacks_are_the_listed_ones_without_llama_4_scaling():
+    def stack(name: str, **config):
+        return type(name, (), {"config": SimpleNamespace(**config)})()
+
+    assert is_layerwise(stack("GptOssModel")) and is_layerwise(stack("DeepseekV2Model", llama_4_scaling=None))
+    assert not is_layerwise(stack("DeepseekV2Model", llama_4_scaling={"beta": 0.1}))
+    assert not is_layerwise(stack("Qwen3NextModel"))
