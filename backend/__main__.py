@@ -23,6 +23,7 @@ import zmq
 
 from backend.core.heap import HeapTrimmer
 from backend.engine import compat
+from backend.errors import fatal_reason
 from backend.pow.store import StoreError, open_store
 from backend.startup import fork_env
 from backend.startup.settings import BackendSettings, load_settings
@@ -171,7 +172,7 @@ def serve(settings: BackendSettings) -> int:
         return refuse(PROG, e)
     except Exception as e:
         log.exception("engine_dead", error=str(e))
-        server.send_dead(DeadEvent(reason=f"engine failed: {e}"[:500]))
+        server.send_dead(DeadEvent(reason=fatal_reason(e)[:500]))
         time.sleep(_DEAD_LINGER_S)
         return 1
     finally:

@@ -15,6 +15,8 @@ match on: `gate_error`.
 
 from __future__ import annotations
 
+import traceback
+
 from common.error_types import error_type, reason_phrase
 from protocol.common import ErrorInfo
 
@@ -61,3 +63,13 @@ def gate_error() -> RequestError:
     "The network's contract"; docs/decisions.md, "Error types: one per tier; the fork's strings where clients match
     on them")."""
     return RequestError(POC_GATE_MESSAGE, status=503, type="service_unavailable")
+
+
+def fatal_reason(e: BaseException) -> str:
+    """What the dead sentinel says of a fatal engine failure: its message, or where it was raised when it has none
+    (a bare `assert` in vLLM, such as its CPU MoE refusing a routing it lacks, says nothing otherwise)."""
+    if str(e):
+        return f"engine failed: {e}"
+    frames = traceback.extract_tb(e.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    return f"engine failed: {type(e).__name__}{where}"

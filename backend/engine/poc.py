@@ -57,6 +57,7 @@ class PocRunner:
         self.max_model_len = int(core.vllm_config.model_config.max_model_len)
         self.hidden_size = int(core.collective_rpc("poc_hidden_size")[0])
         self.layer_ranges = _layer_ranges(core.collective_rpc("poc_layer_range"), core.vllm_config)
+        _check_kv_layout(core.collective_rpc("poc_kv_layout_problem"), core.vllm_config)
         self._held: list = []  # KVCacheBlocks leased for PoC forwards, kept between them (see release)
         self._held_ids: list[int] = []
         # The forwards launched beside chat and not yet collected, oldest first: the engine thread's only record of
@@ -212,6 +213,15 @@ def _layer_ranges(ranges: list[tuple[int, int] | None], vllm_config) -> list[tup
         raise SettingsError(f"--model / POCSERVE_MODEL: {archs} has no decoder layer list (model.model.layers, "
                             "model.transformer.h or model.layers), so PoC cannot apply its per-layer transforms")
     return [(int(r[0]), int(r[1])) for r in ranges if r is not None]
+
+
+def _check_kv_layout(problems: list[str | None], vllm_config) -> None:
+    """SettingsError (a start error) where a rank's KV cache has a group PoC's prefill cannot be laid out on."""
+    problem = next((p for p in problems if p is not None), None)
+    if problem is not None:
+        archs = ", ".join(vllm_config.model_config.architectures or ["?"])
+        raise SettingsError(f"--model / POCSERVE_MODEL: {archs}: {problem}, so PoC cannot lay its prefill out "
+                            "on the leased KV blocks")
 
 
 def _artifacts(rows) -> list[tuple[int, str]]:

@@ -10,7 +10,8 @@ with explicit integer arithmetic.
     python -m backend.tools.modelgen --out DIR [--shape S] [--num-layers N] [--quant fp8] [--seed 0] [--force]
 
 Shapes: tiny and qwen3-0.6b (dense Qwen3), tiny-moe (Qwen3-MoE for CI), qwen3-235b-a22b (the exact
-per-layer shapes of Qwen3-235B-A22B-Instruct-2507; --num-layers N of them, for GPU runs).
+per-layer shapes of Qwen3-235B-A22B-Instruct-2507; --num-layers N of them, for GPU runs); tiny-llama,
+tiny-deepseek-v3, tiny-glm4-moe, tiny-minimax-m2, tiny-gpt-oss (the other decoders vLLM serves: model_archs.py).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import structlog
 
-from backend.tools import fp8_block
+from backend.tools import fp8_block, model_archs
 from backend.tools.model_tokenizer import CHAT_TEMPLATE, VOCAB_SIZE, tokenizer_json
 from backend.tools.safetensors_stream import StoredTensor, write_checkpoint
 from common.logs import configure_logging
@@ -59,6 +60,7 @@ class Shape:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     is_layer_count_free: bool = False  # --num-layers applies: a slice of a model too large to write whole
+    arch: str | None = None  # None: Qwen3 (dense or MoE); else a key of model_archs.ARCHS, which lays it out
 
     @property
     def is_moe(self) -> bool:
@@ -77,6 +79,16 @@ SHAPES: dict[str, Shape] = {
     "qwen3-235b-a22b": Shape(4096, 12288, 94, 64, 4, 128, 262144, vocab_size=151936, rope_theta=5000000.0,
                              num_experts=128, num_experts_per_tok=8, moe_intermediate_size=1536,
                              is_layer_count_free=True),
+    # The other decoders vLLM serves, tiny (model_archs.py), with a modest context.
+    "tiny-llama": Shape(256, 768, 4, 4, 2, 64, 4096, rope_theta=500000.0, arch="llama"),
+    "tiny-deepseek-v3": Shape(256, 768, 4, 4, 4, 64, 4096, rope_theta=10000.0, num_experts=8, num_experts_per_tok=2,
+                              moe_intermediate_size=128, arch="deepseek_v3"),
+    "tiny-glm4-moe": Shape(256, 768, 4, 4, 2, 64, 4096, num_experts=8, num_experts_per_tok=2,
+                           moe_intermediate_size=128, arch="glm4_moe"),
+    "tiny-minimax-m2": Shape(256, 768, 4, 4, 2, 64, 4096, rope_theta=5000000.0, num_experts=8,
+                             num_experts_per_tok=2, moe_intermediate_size=128, arch="minimax_m2"),
+    "tiny-gpt-oss": Shape(256, 768, 4, 4, 2, 64, 4096, rope_theta=150000.0, num_experts=8, num_experts_per_tok=2,
+                          moe_intermediate_size=128, arch="gpt_oss"),
 }
 
 
@@ -87,6 +99,8 @@ def resolve(shape: str, num_layers: int | None = None, quant: str | None = None)
     if quant is not None and quant not in QUANTS:
         raise ValueError(f"unknown quantization {quant!r}, expected one of {list(QUANTS)}")
     dims = SHAPES[shape]
+    if quant is not None and dims.arch is not None:
+        raise ValueError(f"--quant applies only to the Qwen3 shapes, not {shape!r}")
     if num_layers is None:
         if dims.is_layer_count_free:
             raise ValueError(f"shape {shape!r} needs --num-layers N, 1 to {dims.num_hidden_layers} (all of them "
@@ -102,6 +116,20 @@ def resolve(shape: str, num_layers: int | None = None, quant: str | None = None)
 
 
 def _config(dims: Shape, ids: dict[str, int], quant: str | None) -> dict:
+    config = _qwen3_config(dims) if dims.arch is None else model_archs.config(dims, INIT_STD)
+    config.update({"bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"]})
+    if quant == "fp8":
+        # As in Qwen's FP8 releases: the routers and norms are listed, so vLLM keeps mlp.gate a bf16 linear.
+        per_layer = ["input_layernorm", *(["mlp.gate"] if dims.is_moe else []), "post_attention_layernorm"]
+        config["quantization_config"] = {
+            "quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+            "weight_block_size": [fp8_block.BLOCK, fp8_block.BLOCK],
+            "modules_to_not_convert": ["lm_head", *(f"model.layers.{i}.{m}" for i in range(dims.num_hidden_layers)
+                                                    for m in per_layer)]}
+    return config
+
+
+def _qwen3_config(dims: Shape) -> dict:
     shape_keys = {f: getattr(dims, f) for f in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                                  "num_attention_heads", "num_key_value_heads", "head_dim",
                                                  "max_position_embeddings")}
@@ -119,15 +147,6 @@ def _config(dims: Shape, ids: dict[str, int], quant: str | None) -> dict:
                        "moe_intermediate_size": dims.moe_intermediate_size, "num_experts": dims.num_experts,
                        "num_experts_per_tok": dims.num_experts_per_tok, "norm_topk_prob": True,
                        "output_router_logits": False, "router_aux_loss_coef": 0.001})
-    config.update({"bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"]})
-    if quant == "fp8":
-        # As in Qwen's FP8 releases: the routers and norms are listed, so vLLM keeps mlp.gate a bf16 linear.
-        per_layer = ["input_layernorm", *(["mlp.gate"] if dims.is_moe else []), "post_attention_layernorm"]
-        config["quantization_config"] = {
-            "quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
-            "weight_block_size": [fp8_block.BLOCK, fp8_block.BLOCK],
-            "modules_to_not_convert": ["lm_head", *(f"model.layers.{i}.{m}" for i in range(dims.num_hidden_layers)
-                                                    for m in per_layer)]}
     return config
 
 
@@ -155,6 +174,8 @@ def json_files(shape: str, num_layers: int | None = None, quant: str | None = No
 def tensor_specs(shape: str, num_layers: int | None = None) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every parameter as HF checkpoints name them (experts one by one), sorted by name."""
     d = resolve(shape, num_layers)
+    if d.arch is not None:
+        return model_archs.tensor_specs(d)
     hidden, head_dim = d.hidden_size, d.head_dim
     q_dim, kv_dim = d.num_attention_heads * head_dim, d.num_key_value_heads * head_dim
     specs = {"model.embed_tokens.weight": (d.vocab_size, hidden), "model.norm.weight": (hidden,),

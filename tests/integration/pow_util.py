@@ -121,9 +121,12 @@ class Server:
     def pow(self) -> str:
         return f"{self.base_url}/api/v1/pow"
 
-    def restart_backend(self) -> None:
-        """SIGKILL the backend, then start a new one on the same address and state dir."""
+    def restart_backend(self, *backend_extra: str) -> None:
+        """SIGKILL the backend, then start a new one on the same address and state dir (with `backend_extra` in
+        place of the first one's flags, where given)."""
         self.backend.kill()
+        if backend_extra:
+            self.backend_extra = ("--state-dir", str(self.work / "state"), *backend_extra)
         self.num_backend_starts += 1
         self.backend = Proc(backend_args(self.model_dir, self.address, *self.backend_extra),
                             self.work / f"backend{self.num_backend_starts}.log").start()

@@ -29,12 +29,15 @@ class FakeCore:
         self.launched: deque[list[int]] = deque()  # nonces of each forward poc_launch queued, oldest first
         self.finished = False
         self.is_queued = True  # what the workers answer: the newest forward is wholly queued
+        self.layout_problem: str | None = None  # what the workers answer to poc_kv_layout_problem
 
     def collective_rpc(self, method: str, timeout=None, args=()):
         if method == "poc_hidden_size":
             return [64]
         if method == "poc_layer_range":
             return [(0, 2)]
+        if method == "poc_kv_layout_problem":
+            return [self.layout_problem]
         if method == "poc_launch":
             batch = args[0]
             self.forwards.append(list(batch.block_ids))

@@ -39,6 +39,7 @@ EXTERNAL = {
     "decentralized-api/": "dapi, the network's node (gonka-ai/gonka)",
     "mlnode/": "the ML node (gonka-ai/gonka)",
     "deploy/": "the network's deployment files (gonka-ai/gonka)",
+    "src/gonka_poc/": "the gonka-poc vLLM plugin (gonka-ai/gonka-vllm-plugins)",
     "gpu_random.py": "the fork's PoC RNG (gonka-ai/vllm), the source of the golden values",
     ".stage/": "the wheel bundle staged for a GPU machine, ignored by git (scripts/gpu_check.sh explains it)",
 }

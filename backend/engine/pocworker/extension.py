@@ -82,6 +82,11 @@ class PocWorkerExtension:
         layers = own_layers(model)
         return layers.start, layers.stop
 
+    def poc_kv_layout_problem(self) -> str | None:
+        """Why PoC cannot lay a prefill out on this rank's KV cache (forward.layout_problem), None if it can (the
+        engine refuses to start otherwise)."""
+        return forward.layout_problem(self.model_runner, self.vllm_config)
+
     def _poc_last_hidden(self, device, batch: ForwardBatch) -> torch.Tensor | None:
         """The batched prefill with the round's reflections, queued on the current stream: the last position's
         hidden state [B, H] on the last pipeline stage, None on the others."""

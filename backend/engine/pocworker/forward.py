@@ -20,6 +20,7 @@ from vllm.distributed import get_pp_group, get_tp_group
 from vllm.forward_context import set_forward_context
 from vllm.sequence import IntermediateTensors
 from vllm.v1.attention.backend import CommonAttentionMetadata
+from vllm.v1.kv_cache_interface import AttentionSpec
 
 from backend.engine import compat
 from backend.engine.pocworker.hooks import own_layers, reflection_hooks
@@ -83,8 +84,18 @@ def pipeline_last_hidden(mr, cfg, model, block_ids: list[int], num_seqs: int, se
 
 
 # Decoder stacks whose forward is exactly: hidden = inputs_embeds, residual = None; for each layer
-# hidden, residual = layer(positions, hidden, residual); then norm(hidden, residual) (vLLM 0.26 / 0.29 source).
-LAYERWISE_MODELS = ("Qwen2Model", "Qwen3Model", "Qwen3MoeModel", "LlamaModel")
+# hidden, residual = layer(positions=, hidden_states=, residual=); then norm(hidden, residual) (vLLM 0.26 / 0.29
+# source for the first four, 0.29 for the others; gpt-oss's blocks take hidden_states first, hence the keywords).
+# DeepseekV2Model (DeepSeek-V2, V3) also scales attention by position where its config sets llama_4_scaling (it
+# then runs whole), and gathers sequence-parallel MoE outputs only with data parallel, which pocserve refuses.
+LAYERWISE_MODELS = ("Qwen2Model", "Qwen3Model", "Qwen3MoeModel", "LlamaModel", "Glm4MoeModel", "MiniMaxM2Model",
+                    "GptOssModel", "DeepseekV2Model")
+
+
+def is_layerwise(stack) -> bool:
+    """LayerwiseForward may queue this decoder stack layer by layer (see LAYERWISE_MODELS)."""
+    return (type(stack).__name__ in LAYERWISE_MODELS
+            and getattr(getattr(stack, "config", None), "llama_4_scaling", None) is None)
 
 
 class LayerwiseForward:
@@ -126,13 +137,13 @@ class LayerwiseForward:
         last = self._end if max_layers is None else min(self._end, self._next + max_layers)
         started = time.perf_counter()
         with _forward_context(self._cfg, self.prefill.attn_metadata, self.prefill.slot_mappings, self._hidden.shape[0]):
-            if type(self._stack).__name__ not in LAYERWISE_MODELS:
+            if not is_layerwise(self._stack):
                 self._whole()
                 return True
             layers = self._stack.layers
             while self._next < last:
                 i, layer_started = self._next, time.perf_counter()
-                out = layers[i](self.prefill.positions, self._hidden, self._residual)
+                out = layers[i](positions=self.prefill.positions, hidden_states=self._hidden, residual=self._residual)
                 self._hidden, self._residual = self._reflect(self._vectors[i])(layers[i], None, out)
                 self._next += 1
                 now = time.perf_counter()
@@ -179,6 +190,22 @@ class Prefill:
     slot_mappings: dict
     tables: list[tuple[torch.Tensor, torch.Tensor]]
     built: list  # each attention group's built metadata
+
+
+def layout_problem(mr, cfg) -> str | None:
+    """Why `block_tables` cannot lay a prefill out on this model's KV cache, or None if it can. It gives every group
+    the same leased block ids, each a page of cache_config.block_size token positions: a group of recurrent state
+    (Mamba, GDN, KDA: one state per sequence, not per token) or of another page size (DeepSeek-V4's compressor, in
+    later vLLM versions) would be handed slots outside its own layout."""
+    for gid, group in enumerate(mr.kv_cache_config.kv_cache_groups):
+        spec = group.kv_cache_spec
+        name = type(spec).__name__
+        if not isinstance(spec, AttentionSpec):
+            return f"KV-cache group {gid} ({name}) holds recurrent state, not per-token attention pages"
+        if spec.block_size != cfg.cache_config.block_size:
+            return (f"KV-cache group {gid} ({name}) pages {spec.block_size} tokens, not the cache's "
+                    f"{cfg.cache_config.block_size}")
+    return None
 
 
 def block_tables(mr, cfg, block_ids: list[int], num_seqs: int, seq_len: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
