@@ -10,9 +10,11 @@ pairs in which ours ran first and in which it ran second (a drift or an order ef
 
 While one system runs its round the other is idle but up: its CPU is reported ("idle system" CPU %, should be ~0),
 and on a GPU it holds its memory share (--gpu-memory-utilization applies to each; 0.4 each on one H200). Each round
-waits first (--settle-s at most) until, over half a second, both servers used under 10% of a core and the whole
-machine under 50%: `vllm serve`'s CPU worker keeps spinning on its shared-memory queue for a second after its last
-step (vLLM's `SpinCondition`), which took 28-49% of a core from the round after one of its own on 2 cores.
+waits first (--settle-s at most) until, over half a second, both servers used under 10% of a core: on the CPU
+engine `vllm serve`'s worker process keeps spinning on its shared-memory queue for a second after its last step
+(vLLM's `SpinCondition`), which took 28-49% of a core from our round after one of its own on 2 cores. With
+--quiet-cores C it also waits for the whole machine to use under C cores (a machine shared with other work); the
+"foreign" CPU of each round is printed either way, and the pair table shows the larger of its two rounds'.
 """
 
 from __future__ import annotations
@@ -64,12 +66,11 @@ def start_system(name: str, starter: Starter, args: argparse.Namespace, model_di
 
 SETTLE_WINDOW_S = 0.5
 SETTLED_SERVERS_CORES = 0.1
-SETTLED_MACHINE_CORES = 0.5
 
 
-def settle(procs: dict[str, list[Proc]], timeout_s: float) -> tuple[float, bool]:
-    """Waits until a SETTLE_WINDOW_S window in which the servers and the machine were idle (module docstring), at
-    most timeout_s; the seconds waited and whether it settled."""
+def settle(procs: dict[str, list[Proc]], timeout_s: float, machine_cores: float | None) -> tuple[float, bool]:
+    """Waits until a SETTLE_WINDOW_S window in which the servers were idle, and the machine too where machine_cores
+    is given (module docstring), at most timeout_s; the seconds waited and whether it settled."""
     pgids = [p.pid for ps in procs.values() for p in ps]
     started = time.monotonic()
     while True:
@@ -78,7 +79,7 @@ def settle(procs: dict[str, list[Proc]], timeout_s: float) -> tuple[float, bool]
         servers = (group_cpu_s(pgids) - servers) / SETTLE_WINDOW_S
         machine = (machine_busy_s() - machine) / SETTLE_WINDOW_S
         waited_s = time.monotonic() - started
-        if servers < SETTLED_SERVERS_CORES and machine < SETTLED_MACHINE_CORES:
+        if servers < SETTLED_SERVERS_CORES and (machine_cores is None or machine < machine_cores):
             return waited_s, True
         if waited_s >= timeout_s:
             return waited_s, False
@@ -128,7 +129,7 @@ def run_rounds(args: argparse.Namespace, model_dir: Path, starters: dict[str, St
             warm_up(name, urls[name], args)
         done = dict.fromkeys((first, second), 0)
         for pair, name in round_order(first, second, args.rounds):
-            settle_s, settled = settle(procs, args.settle_s)
+            settle_s, settled = settle(procs, args.settle_s, args.quiet_cores)
             figures = {**one_round(name, urls[name], done[name], args, procs, served_name), "pair": pair,
                        "settle_s": settle_s, "settled": settled}
             done[name] += 1
@@ -152,7 +153,8 @@ def pair_ratios(rounds: list[dict]) -> list[dict]:
         if set(systems) != {"ours", "vllm"}:
             continue  # the last pair of an interrupted run
         first = next(iter(systems))
-        out.append({"pair": pair, "first": first,
+        foreign = max(r["foreign_cpu_pct"] for r in systems.values())
+        out.append({"pair": pair, "first": first, "foreign_cpu_pct_max": foreign,
                     **{key: systems["ours"][key] / systems["vllm"][key] for _, key in RATIO_KEYS}})
     return out
 
@@ -191,10 +193,10 @@ def print_summary(summary: dict) -> None:
         print("no complete pair of rounds: no ratio")
         return
     pairs = summary["pairs"]
-    print(f"\nper pair, ours/vllm:{'':9}" + "".join(f"{label:>14}" for label, _ in RATIO_KEYS))
+    print(f"\nper pair, ours/vllm:{'':9}" + "".join(f"{label:>14}" for label, _ in RATIO_KEYS) + "  foreign CPU %")
     for p in pairs:
         print(f"pair {p['pair'] + 1:2d} ({p['first']} first)" + " " * (12 - len(p["first"]))
-              + "".join(f"{p[key]:>14.3f}" for _, key in RATIO_KEYS))
+              + "".join(f"{p[key]:>14.3f}" for _, key in RATIO_KEYS) + f"{p['foreign_cpu_pct_max']:>15.0f}")
     print(f"\nours/vllm over {len(pairs)} pairs: median [min–max] (IQR)")
     for label, key in RATIO_KEYS:
         s = summary["ratios"][key]

@@ -104,8 +104,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "--vllm-arg='{\"custom_ops\":[\"all\"]}'); repeatable")
     p.add_argument("--rounds", type=int, default=0,
                    help="both systems up at once, N pairs of interleaved rounds A,B,B,A,... (0: one pass each)")
-    p.add_argument("--settle-s", type=float, default=15.0,
-                   help="--rounds: before each round, wait this long at most for the servers and machine to idle")
+    p.add_argument("--settle-s", type=float, default=10.0,
+                   help="--rounds: before each round, wait this long at most for the servers to idle")
+    p.add_argument("--quiet-cores", type=float, default=None,
+                   help="--rounds: also wait (as long) for the whole machine to use under this many cores")
     p.add_argument("--device-note", default="", help="free text recorded with the figures (e.g. '1x H100')")
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = p.parse_args(argv)
