@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import time
 from collections.abc import Callable
@@ -177,7 +178,22 @@ def summarize_pairs(rounds: list[dict]) -> dict:
         if chosen:
             by_first[first] = percentile(chosen, 50)
     own = {name: spread([r["req_per_s"] for r in rounds if r["system"] == name]) for name in ("ours", "vllm")}
-    return {"pairs": pairs, "ratios": ratios, "req_per_s_ratio_by_first": by_first, "req_per_s_by_system": own}
+    return {"pairs": pairs, "ratios": ratios, "req_per_s_ratio_by_first": by_first, "req_per_s_by_system": own,
+            "req_per_s_by_previous": by_previous(rounds)}
+
+
+def by_previous(rounds: list[dict]) -> dict[str, dict[str, float]]:
+    """Each system's median requests/s over its rounds after one of its own and after one of the other's (the
+    first round follows the warm-ups, counted as neither). In A,B,B,A,... "first in the pair" goes with "after
+    the other's round", so an effect of the previous round shows here and in the by-first medians alike."""
+    out: dict[str, dict[str, float]] = {}
+    for name in ("ours", "vllm"):
+        for label, same in (("after_own", True), ("after_other", False)):
+            values = [r["req_per_s"] for prev, r in itertools.pairwise(rounds)
+                      if r["system"] == name and (prev["system"] == name) == same]
+            if values:
+                out.setdefault(name, {})[label] = percentile(values, 50)
+    return out
 
 
 def round_line(number: int, r: dict) -> str:
@@ -207,5 +223,7 @@ def print_summary(summary: dict) -> None:
     print("  requests/s ratio, median by first system: "
           + ", ".join(f"{name} first {value:.3f}" for name, value in by_first.items()))
     for name, s in summary["req_per_s_by_system"].items():
-        print(f"  {name} requests/s over its rounds: median {s['median']:.2f} [{s['min']:.2f}–{s['max']:.2f}]")
+        previous = summary["req_per_s_by_previous"].get(name, {})
+        print(f"  {name} requests/s over its rounds: median {s['median']:.2f} [{s['min']:.2f}–{s['max']:.2f}]; "
+              + ", ".join(f"{label.replace('_', ' ')} {value:.2f}" for label, value in previous.items()))
     print("TPOT/TTFT/e2e ratios: lower is better for ours; throughput target >= 0.95")

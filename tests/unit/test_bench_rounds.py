@@ -35,6 +35,9 @@ def test_pairs_give_ratios_ours_over_vllm_with_who_ran_first() -> None:
     assert summary["req_per_s_ratio_by_first"] == pytest.approx({"ours": 0.9, "vllm": 1.1})
     assert summary["req_per_s_by_system"]["ours"]["min"] == 9.0  # every round of ours, the unpaired one too
     assert summary["req_per_s_by_system"]["ours"]["max"] == 11.0
+    # ours after its own round (the last) 10.0; after vllm's 11.0; vllm's after ours: 10.0, after its own: 10.0
+    assert summary["req_per_s_by_previous"] == {"ours": {"after_own": 10.0, "after_other": 11.0},
+                                                "vllm": {"after_own": 10.0, "after_other": 10.0}}
     assert summarize_pairs(rounds[:1]) == {}
 
 
