@@ -326,7 +326,8 @@ PY
     done
     ;;
   bench-serving-rounds)  # bench-serving-rounds [none|custom-ops]: bench-serving's load, both servers kept up,
-                         # rounds A,B,B,A,... (bench/rounds.py); SIGINT at TIMEOUT_S still prints the pairs done
+                         # rounds A,B,B,A,... (bench/rounds.py); SIGINT at TIMEOUT_S still prints the pairs done.
+                         # EXTRA adds bench.serving flags (e.g. EXTRA="--min-tokens 64": spread lengths, lead (a))
     control=${2:-none}
     case "$control" in
       none) vflags=() ;;
@@ -334,11 +335,12 @@ PY
       *) echo "bench-serving-rounds: unknown control $control (none, custom-ops)" >&2; exit 2 ;;
     esac
     free_gpus
-    timeout --signal=INT "${TIMEOUT_S:-450}" python3 -m bench.serving --shape qwen3-0.6b --model-dir models/qwen3-0.6b \
-      --num-requests 512 --concurrency 64 --max-tokens 128 --max-num-seqs 256 --max-num-batched-tokens 8192 \
-      --gpu-memory-utilization 0.4 --rounds "${ROUNDS:-6}" --max-warmup-rounds 4 "${vflags[@]}" \
-      --device-note "$(nvidia-smi --query-gpu=name --format=csv,noheader)" --json "$out/serving-rounds-$control.json" \
-      2>&1 | quiet | tail -60 | tee "$out/serving-rounds-$control.txt" || echo "bench.serving: exit $? (130: cut by TIMEOUT_S)"
+    timeout --signal=INT "${TIMEOUT_S:-450}" python3 -m bench.serving --shape qwen3-0.6b \
+      --model-dir models/qwen3-0.6b --num-requests 512 --concurrency 64 --max-tokens 128 --max-num-seqs 256 \
+      --max-num-batched-tokens 8192 --gpu-memory-utilization 0.4 --rounds "${ROUNDS:-6}" --max-warmup-rounds 4 \
+      --settle-s 3 "${vflags[@]}" ${EXTRA:-} --device-note "$(nvidia-smi --query-gpu=name --format=csv,noheader)" \
+      --json "$out/serving-rounds-$control.json" 2>&1 | quiet | tail -60 | tee "$out/serving-rounds-$control.txt" \
+      || echo "bench.serving: exit $? (130: cut by TIMEOUT_S)"
     keep_logs "serving-rounds-$control"
     free_gpus
     ;;
