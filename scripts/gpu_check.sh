@@ -10,6 +10,9 @@
 #                                             # nonces/s, MFU, artifacts' L2 between paths (KERNELS, KLAYERS; DeepGEMM
 #                                             # staged by scripts/stage_deep_gemm.sh as .stage/p5)
 #   bash scripts/gpu_check.sh bench-serving   # this stack vs `vllm serve`, same install and model
+#   bash scripts/gpu_check.sh bench-serving-rounds [custom-ops]  # the same, both servers up at once (0.4 of the
+#                                             # GPU each), ROUNDS (default 6) pairs of interleaved rounds; custom-ops
+#                                             # gives `vllm serve` our custom_ops ["all"] (one call each, < 9 min)
 #   bash scripts/gpu_check.sh bench-beside    # validation jobs and 16 streaming chats beside a round (0.6B)
 #   bash scripts/gpu_check.sh bench-moe N Q   # the qwen3-235b-a22b shape at N layers (default 1), Q none|fp8:
 #                                             # PoC vs bare forward, chat vs `vllm serve`, first and second start
@@ -387,5 +390,24 @@ PY
         --json "$out/moe-serving-$quant-${systems/,/-}.json" 2>&1 | quiet | tail -14 | tee -a "$out/moe-$quant.txt"
       keep_logs "moe-$quant-${systems/,/-}"
     done
+    ;;
+  bench-serving-rounds)  # bench-serving-rounds [none|custom-ops]: bench-serving's load, both servers kept up,
+                         # rounds A,B,B,A,... (bench/rounds.py); SIGINT at TIMEOUT_S still prints the pairs done.
+                         # EXTRA adds bench.serving flags (e.g. EXTRA="--min-tokens 64": spread lengths, lead (a))
+    control=${2:-none}
+    case "$control" in
+      none) vflags=() ;;
+      custom-ops) vflags=(--vllm-arg=--compilation-config '--vllm-arg={"custom_ops":["all"]}') ;;  # lead (b)
+      *) echo "bench-serving-rounds: unknown control $control (none, custom-ops)" >&2; exit 2 ;;
+    esac
+    free_gpus
+    timeout --signal=INT "${TIMEOUT_S:-450}" python3 -m bench.serving --shape qwen3-0.6b \
+      --model-dir models/qwen3-0.6b --num-requests 512 --concurrency 64 --max-tokens 128 --max-num-seqs 256 \
+      --max-num-batched-tokens 8192 --gpu-memory-utilization 0.4 --rounds "${ROUNDS:-6}" --max-warmup-rounds 4 \
+      --settle-s 3 "${vflags[@]}" ${EXTRA:-} --device-note "$(nvidia-smi --query-gpu=name --format=csv,noheader)" \
+      --json "$out/serving-rounds-$control.json" 2>&1 | quiet | tail -60 | tee "$out/serving-rounds-$control.txt" \
+      || echo "bench.serving: exit $? (130: cut by TIMEOUT_S)"
+    keep_logs "serving-rounds-$control"
+    free_gpus
     ;;
 esac

@@ -1,0 +1,229 @@
+"""`bench.serving --rounds N`: both systems up at once, measured in interleaved rounds of equal work.
+
+A single pass (one system, then the other) cannot tell 10%: on one H200 whichever system ran second gained about
+as much as the difference between them (docs/benchmarks.md, issue 43). Here both servers are started once (one after
+the other, so that each sizes its memory with the other already resident) and kept up; each is warmed as in the
+single pass; then rounds of the same load (the same prompts, the same lengths) alternate A,B,B,A,A,B,... so that
+each system runs first in half of the pairs. A pair is one round of each system; its ratio ours/vllm is one
+sample, and the summary gives the median of the pairs' ratios with their min–max and IQR, and the medians of the
+pairs in which ours ran first and in which it ran second (a drift or an order effect shows as their difference).
+
+While one system runs its round the other is idle but up: its CPU is reported ("idle system" CPU %, should be ~0),
+and on a GPU it holds its memory share (--gpu-memory-utilization applies to each; 0.4 each on one H200). Each round
+waits first (--settle-s at most) until, over half a second, both servers used under 10% of a core: on the CPU
+engine `vllm serve`'s worker process keeps spinning on its shared-memory queue for a second after its last step
+(vLLM's `SpinCondition`), which took 28-49% of a core from our round after one of its own on 2 cores. With
+--quiet-cores C it also waits for the whole machine to use under C cores (a machine shared with other work); the
+"foreign" CPU of each round is printed either way, and the pair table shows the larger of its two rounds'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench.load import percentile, run_load, summarize
+from bench.procs import Proc, free_port, group_cpu_s, machine_busy_s, stop_all, wait_gpus_free, wait_http_ok
+
+# Starts a system's processes: (args, model dir, port) -> (processes, the URL that answers 200 once ready).
+Starter = Callable[[argparse.Namespace, Path, int], tuple[list[Proc], str]]
+# Warms a system: (name, base URL, args) -> the warm-up rounds' TTFT p99s.
+WarmUp = Callable[[str, str, argparse.Namespace], list[float]]
+
+# Round j of each system sends prompts FIRST_INDEX + j * num_requests onwards: the same prompts for both systems in
+# a pair, new ones in every round (the prefix cache must not skip a later round's prefill), all of one digit count
+# (the prompts' token counts match across rounds). The warm-up's prompts start at 1,000,000 (bench.serving).
+FIRST_INDEX = 10_000_000
+RATIO_KEYS = (("requests/s", "req_per_s"), ("output tok/s", "output_tok_per_s"), ("TPOT p50", "tpot_p50_ms"),
+              ("TTFT p50", "ttft_p50_ms"), ("e2e p50", "e2e_p50_ms"))
+
+
+def round_order(first: str, second: str, pairs: int) -> list[tuple[int, str]]:
+    """(pair, system) in run order: A,B then B,A, then A,B, ... (each system first in every other pair)."""
+    order: list[tuple[int, str]] = []
+    for pair in range(pairs):
+        names = (first, second) if pair % 2 == 0 else (second, first)
+        order += [(pair, name) for name in names]
+    return order
+
+
+def start_system(name: str, starter: Starter, args: argparse.Namespace, model_dir: Path) -> tuple[list[Proc], str]:
+    """Starts one system and waits until it is ready; its processes and base URL."""
+    port = free_port()
+    procs, ready_url = starter(args, model_dir, port)
+    try:
+        startup_s = wait_http_ok(ready_url, procs, args.startup_timeout_s)
+    except BaseException:
+        stop_all(procs)
+        raise
+    print(f"[{name}] ready after {startup_s:.0f} s", flush=True)
+    return procs, f"http://127.0.0.1:{port}"
+
+
+SETTLE_WINDOW_S = 0.5
+SETTLED_SERVERS_CORES = 0.1
+
+
+def settle(procs: dict[str, list[Proc]], timeout_s: float, machine_cores: float | None) -> tuple[float, bool]:
+    """Waits until a SETTLE_WINDOW_S window in which the servers were idle, and the machine too where machine_cores
+    is given (module docstring), at most timeout_s; the seconds waited and whether it settled."""
+    pgids = [p.pid for ps in procs.values() for p in ps]
+    started = time.monotonic()
+    while True:
+        machine, servers = machine_busy_s(), group_cpu_s(pgids)
+        time.sleep(SETTLE_WINDOW_S)
+        servers = (group_cpu_s(pgids) - servers) / SETTLE_WINDOW_S
+        machine = (machine_busy_s() - machine) / SETTLE_WINDOW_S
+        waited_s = time.monotonic() - started
+        if servers < SETTLED_SERVERS_CORES and (machine_cores is None or machine < machine_cores):
+            return waited_s, True
+        if waited_s >= timeout_s:
+            return waited_s, False
+
+
+def one_round(name: str, base_url: str, index: int, args: argparse.Namespace, procs: dict[str, list[Proc]],
+              served_name: str) -> dict:
+    """The system's `index`-th round of the load, with the CPU used meanwhile by it, by the idle system, by this
+    client and by everything else ("foreign"; 100 % = one core for the whole round)."""
+    idle = [p.pid for n, ps in procs.items() if n != name for p in ps]
+    before = (machine_busy_s(), group_cpu_s([p.pid for p in procs[name]]), group_cpu_s(idle), _client_cpu_s())
+    results, duration_s = asyncio.run(run_load(base_url, served_name, num_requests=args.num_requests,
+                                               concurrency=args.concurrency, max_tokens=args.max_tokens,
+                                               first_index=FIRST_INDEX + index * args.num_requests,
+                                               min_tokens=args.min_tokens))
+    after = (machine_busy_s(), group_cpu_s([p.pid for p in procs[name]]), group_cpu_s(idle), _client_cpu_s())
+    machine, server, idle_s, client = (a - b for a, b in zip(after, before, strict=True))
+    for ps in procs.values():
+        for p in ps:
+            p.check_running()
+    return {**summarize(results, duration_s), "system": name, "servers_cpu_pct": 100 * server / duration_s,
+            "idle_cpu_pct": 100 * idle_s / duration_s, "client_cpu_pct": 100 * client / duration_s,
+            "foreign_cpu_pct": 100 * (machine - server - idle_s - client) / duration_s}
+
+
+def _client_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def run_rounds(args: argparse.Namespace, model_dir: Path, starters: dict[str, Starter], warm_up: WarmUp,
+               served_name: str) -> dict:
+    """Starts args.systems (in that order), warms each, runs args.rounds pairs; stops both, also on Ctrl-C, and
+    returns the rounds measured so far with their summary ("interrupted" says whether all ran)."""
+    first, second = args.systems
+    rounds: list[dict] = []
+    procs: dict[str, list[Proc]] = {}
+    interrupted = False
+    try:
+        waited_s, held = wait_gpus_free(args.gpu_free_timeout_s)
+        if held:
+            print(f"GPUs still held after {waited_s:.0f} s: {held}", flush=True)
+        urls = {}
+        for name in (first, second):
+            procs[name], urls[name] = start_system(name, starters[name], args, model_dir)
+        for name in (first, second):
+            warm_up(name, urls[name], args)
+        done = dict.fromkeys((first, second), 0)
+        for pair, name in round_order(first, second, args.rounds):
+            settle_s, settled = settle(procs, args.settle_s, args.quiet_cores)
+            figures = {**one_round(name, urls[name], done[name], args, procs, served_name), "pair": pair,
+                       "settle_s": settle_s, "settled": settled}
+            done[name] += 1
+            rounds.append(figures)
+            print(round_line(len(rounds), figures), flush=True)
+    except KeyboardInterrupt:  # a device call's time limit: the rounds measured so far are still summarised
+        interrupted = True
+    finally:
+        for ps in reversed(list(procs.values())):
+            stop_all(ps)
+    return {"rounds": rounds, "summary": summarize_pairs(rounds), "interrupted": interrupted}
+
+
+def pair_ratios(rounds: list[dict]) -> list[dict]:
+    """Per complete pair: which system ran first and the ratio ours/vllm of each RATIO_KEYS figure."""
+    by_pair: dict[int, dict[str, dict]] = {}
+    for r in rounds:  # in run order: a pair's first entry is the system that ran first
+        by_pair.setdefault(r["pair"], {})[r["system"]] = r
+    out = []
+    for pair, systems in sorted(by_pair.items()):
+        if set(systems) != {"ours", "vllm"}:
+            continue  # the last pair of an interrupted run
+        first = next(iter(systems))
+        foreign = max(r["foreign_cpu_pct"] for r in systems.values())
+        out.append({"pair": pair, "first": first, "foreign_cpu_pct_max": foreign,
+                    **{key: systems["ours"][key] / systems["vllm"][key] for _, key in RATIO_KEYS}})
+    return out
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"median": percentile(values, 50), "min": min(values), "max": max(values),
+            "q1": percentile(values, 25), "q3": percentile(values, 75)}
+
+
+def summarize_pairs(rounds: list[dict]) -> dict:
+    """Each ratio's spread over the pairs, its medians by which system ran first, and each system's own spread of
+    requests/s over its rounds (how much the machine moves between rounds of one system)."""
+    pairs = pair_ratios(rounds)
+    if not pairs:
+        return {}
+    ratios = {key: spread([p[key] for p in pairs]) for _, key in RATIO_KEYS}
+    by_first = {}
+    for first in ("ours", "vllm"):
+        chosen = [p["req_per_s"] for p in pairs if p["first"] == first]
+        if chosen:
+            by_first[first] = percentile(chosen, 50)
+    own = {name: spread([r["req_per_s"] for r in rounds if r["system"] == name]) for name in ("ours", "vllm")}
+    return {"pairs": pairs, "ratios": ratios, "req_per_s_ratio_by_first": by_first, "req_per_s_by_system": own,
+            "req_per_s_by_previous": by_previous(rounds)}
+
+
+def by_previous(rounds: list[dict]) -> dict[str, dict[str, float]]:
+    """Each system's median requests/s over its rounds after one of its own and after one of the other's (the
+    first round follows the warm-ups, counted as neither). In A,B,B,A,... "first in the pair" goes with "after
+    the other's round", so an effect of the previous round shows here and in the by-first medians alike."""
+    out: dict[str, dict[str, float]] = {}
+    for name in ("ours", "vllm"):
+        for label, same in (("after_own", True), ("after_other", False)):
+            values = [r["req_per_s"] for prev, r in itertools.pairwise(rounds)
+                      if r["system"] == name and (prev["system"] == name) == same]
+            if values:
+                out.setdefault(name, {})[label] = percentile(values, 50)
+    return out
+
+
+def round_line(number: int, r: dict) -> str:
+    return (f"round {number:2d} (pair {r['pair'] + 1}) {r['system']:>4}: {r['num_ok']}/{r['num_requests']} ok, "
+            f"{r['req_per_s']:.2f} req/s, {r['output_tok_per_s']:.1f} tok/s, TTFT p50 {r['ttft_p50_ms']:.1f} ms, "
+            f"TPOT p50 {r['tpot_p50_ms']:.2f} ms; CPU % servers {r['servers_cpu_pct']:.0f}, idle system "
+            f"{r['idle_cpu_pct']:.0f}, client {r['client_cpu_pct']:.0f}, foreign {r['foreign_cpu_pct']:.0f}; "
+            f"{'settled' if r['settled'] else 'NOT settled'} after {r['settle_s']:.1f} s")
+
+
+def print_summary(summary: dict) -> None:
+    if not summary:
+        print("no complete pair of rounds: no ratio")
+        return
+    pairs = summary["pairs"]
+    print(f"\nper pair, ours/vllm:{'':9}" + "".join(f"{label:>14}" for label, _ in RATIO_KEYS) + "  foreign CPU %")
+    for p in pairs:
+        print(f"pair {p['pair'] + 1:2d} ({p['first']} first)" + " " * (12 - len(p["first"]))
+              + "".join(f"{p[key]:>14.3f}" for _, key in RATIO_KEYS) + f"{p['foreign_cpu_pct_max']:>15.0f}")
+    print(f"\nours/vllm over {len(pairs)} pairs: median [min–max] (IQR)")
+    for label, key in RATIO_KEYS:
+        s = summary["ratios"][key]
+        width = 100 * (s["max"] - s["min"]) / s["median"]
+        print(f"  {label:13} {s['median']:.3f} [{s['min']:.3f}–{s['max']:.3f}] (IQR {s['q1']:.3f}–{s['q3']:.3f}); "
+              f"min–max {width:.1f}% of the median")
+    by_first = summary["req_per_s_ratio_by_first"]
+    print("  requests/s ratio, median by first system: "
+          + ", ".join(f"{name} first {value:.3f}" for name, value in by_first.items()))
+    for name, s in summary["req_per_s_by_system"].items():
+        previous = summary["req_per_s_by_previous"].get(name, {})
+        print(f"  {name} requests/s over its rounds: median {s['median']:.2f} [{s['min']:.2f}–{s['max']:.2f}]; "
+              + ", ".join(f"{label.replace('_', ' ')} {value:.2f}" for label, value in previous.items()))
+    print("TPOT/TTFT/e2e ratios: lower is better for ours; throughput target >= 0.95")

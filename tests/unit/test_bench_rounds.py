@@ -1,0 +1,67 @@
+"""bench.serving --rounds: the run order A,B,B,A,..., the pairs' ratios and their spread, and the `vllm serve`-only
+flags merged with the all-reduce fusion decision."""
+
+import json
+
+import pytest
+
+from bench.rounds import pair_ratios, round_order, summarize_pairs
+from bench.serving import parse_args, vllm_extra_flags
+
+
+def test_each_system_runs_first_in_every_other_pair() -> None:
+    order = round_order("ours", "vllm", 3)
+    assert [name for _, name in order] == ["ours", "vllm", "vllm", "ours", "ours", "vllm"]
+    assert [pair for pair, _ in order] == [0, 0, 1, 1, 2, 2]
+    assert [name for _, name in round_order("vllm", "ours", 2)] == ["vllm", "ours", "ours", "vllm"]
+
+
+def _round(system: str, pair: int, req_per_s: float, tpot_ms: float) -> dict:
+    return {"system": system, "pair": pair, "foreign_cpu_pct": 1.0, "req_per_s": req_per_s,
+            "output_tok_per_s": 64 * req_per_s, "tpot_p50_ms": tpot_ms, "ttft_p50_ms": 100.0, "e2e_p50_ms": 500.0}
+
+
+def test_pairs_give_ratios_ours_over_vllm_with_who_ran_first() -> None:
+    rounds = [_round("ours", 0, 9.0, 4.0), _round("vllm", 0, 10.0, 5.0),
+              _round("vllm", 1, 10.0, 4.0), _round("ours", 1, 11.0, 4.0),
+              _round("ours", 2, 10.0, 4.0)]  # an interrupted run: pair 2 has no vllm round
+    pairs = pair_ratios(rounds)
+    assert [(p["pair"], p["first"]) for p in pairs] == [(0, "ours"), (1, "vllm")]
+    assert [p["req_per_s"] for p in pairs] == pytest.approx([0.9, 1.1])
+    assert [p["tpot_p50_ms"] for p in pairs] == pytest.approx([0.8, 1.0])
+    summary = summarize_pairs(rounds)
+    assert summary["ratios"]["req_per_s"] == pytest.approx({"median": 1.0, "min": 0.9, "max": 1.1, "q1": 0.95,
+                                                            "q3": 1.05})
+    assert summary["req_per_s_ratio_by_first"] == pytest.approx({"ours": 0.9, "vllm": 1.1})
+    assert summary["req_per_s_by_system"]["ours"]["min"] == 9.0  # every round of ours, the unpaired one too
+    assert summary["req_per_s_by_system"]["ours"]["max"] == 11.0
+    # ours after its own round (the last) 10.0; after vllm's 11.0; vllm's after ours: 10.0, after its own: 10.0
+    assert summary["req_per_s_by_previous"] == {"ours": {"after_own": 10.0, "after_other": 11.0},
+                                                "vllm": {"after_own": 10.0, "after_other": 10.0}}
+    assert summarize_pairs(rounds[:1]) == {}
+
+
+def test_rounds_need_both_systems() -> None:
+    assert parse_args(["--rounds", "3"]).rounds == 3
+    assert parse_args([]).rounds == 0  # the single pass stays the default
+    with pytest.raises(SystemExit):
+        parse_args(["--rounds", "3", "--systems", "ours"])
+    with pytest.raises(SystemExit):
+        parse_args(["--rounds", "-1"])
+
+
+def test_vllm_flags_merge_one_compilation_config() -> None:
+    assert vllm_extra_flags([], fusion_on=True) == []
+    assert vllm_extra_flags(["--enforce-eager"], fusion_on=True) == ["--enforce-eager"]
+    fusion_off = vllm_extra_flags([], fusion_on=False)
+    assert fusion_off[0] == "--compilation-config"
+    assert json.loads(fusion_off[1]) == {"pass_config": {"fuse_allreduce_rms": False}}
+    ops = '{"custom_ops": ["all"]}'
+    for given in (["--compilation-config", ops], [f"--compilation-config={ops}"]):
+        flags = vllm_extra_flags(["--max-logprobs", "5", *given], fusion_on=False)
+        assert flags[:3] == ["--max-logprobs", "5", "--compilation-config"] and len(flags) == 4
+        assert json.loads(flags[3]) == {"custom_ops": ["all"], "pass_config": {"fuse_allreduce_rms": False}}
+    with pytest.raises(SystemExit, match="not JSON"):
+        vllm_extra_flags(["--compilation-config", "{custom_ops"], fusion_on=True)
+    with pytest.raises(SystemExit, match="spell it"):
+        vllm_extra_flags(["-O3"], fusion_on=True)
