@@ -1,7 +1,7 @@
 """The FP8 kernel paths side by side: the FP8 matmul peak, each path's artifacts, and their distances.
 
-    python -m bench.poc_forward ... --artifacts-out out/kernels-triton.json     (one path: its artifacts)
-    python -m bench.kernel_paths out/kernels-*.json --reference triton          (every pair: L2 and verdicts)
+    python -m bench.poc_forward ... --artifacts-out FILE                 (one path: its artifacts)
+    python -m bench.kernel_paths FILE... --reference triton             (every pair: L2 and verdicts)
 
 Each path is one engine start with other kernels (vLLM's --moe-backend and --linear-backend, VLLM_USE_DEEP_GEMM,
 VLLM_USE_DEEP_GEMM_E8M0: scripts/gpu_check.sh kernels). They load the same dummy weights (vLLM's dummy loader is

@@ -2,7 +2,7 @@
 # Stages vLLM 0.26's vendored DeepGEMM (vllm/third_party/deep_gemm: its host library for Python 3.12, its CUTLASS and
 # CuTe headers, kernels compiled at run time by nvcc) as .stage/p5, which the GPU bundle leaves out (it strips the
 # folder from vLLM's Python code). scripts/gpu_check.sh unpacks it where present. Needs the vLLM wheel the bundle
-# downloaded (GPU_STAGE_CACHE, default ~/.cache/gpu-stage). Usage, from the repo root, after the bundle's stage.sh:
+# downloaded (GPU_STAGE_CACHE, default ~/.cache/gpu-stage). Usage, from the repo root, once the bundle is built:
 #   bash scripts/stage_deep_gemm.sh      # ~1.5 MB: carry .stage/p5 with a small part (p3, p4)
 set -euo pipefail
 cd "$(dirname "$0")/.."
