@@ -45,6 +45,11 @@ OVERRIDES: tuple[tuple[str, str, str], ...] = (
     ("--max-model-len", "absent on the CPU engine: `-1` (vLLM's auto-fit: the model's context, or as much of it as "
      "the KV cache holds, logged as `max_model_len_fitted`)", "the CPU engine's share is a fraction of the RAM "
      "the host reports, which a VM's balloon changes; the generated models take a 262144 context"),
+    ("--moe-backend, --linear-backend", "absent with a block-FP8 checkpoint on a Hopper GPU with vLLM's DeepGEMM "
+     "and nvcc, and none of VLLM_USE_DEEP_GEMM, VLLM_MOE_USE_DEEP_GEMM, VLLM_USE_DEEP_GEMM_E8M0 set: `deep_gemm` for "
+     "both, with the checkpoint's block scales (E8M0 off), logged as `fp8_kernels` with the reason",
+     "1.52-1.55x the PoC nonces/s of vLLM's Triton MoE + CUTLASS linear on an H200, artifacts within 0.1 of "
+     "Triton's (docs/decisions.md, \"DeepGEMM for block-FP8\")"),
     ("--logprobs-mode", "the engine computes processed logprobs; the flag (absent: `processed_logprobs`) is what "
      "a request gets when it names no mode; `raw_logprobs` or `processed_logprobs` only", "validator replays "
      "ask for either mode per request (the network validates with processed)"),
