@@ -9,7 +9,11 @@ Measured on one H200 (docs/benchmarks.md, "FP8 kernel paths", `scripts/gpu_check
   0.019); with E8M0 scales within 0.225 (mean 0.057), a different model's numbers; E8M0 was ~2% faster.
 So where the user sets none of vLLM's flags or variables for these kernels, pocserve takes DeepGEMM for both with
 the checkpoint's scales, and logs the choice with its reason; any of `--moe-backend`, `--linear-backend`,
-VLLM_USE_DEEP_GEMM, VLLM_MOE_USE_DEEP_GEMM or VLLM_USE_DEEP_GEMM_E8M0 leaves vLLM's own choice alone.
+VLLM_USE_DEEP_GEMM, VLLM_MOE_USE_DEEP_GEMM or VLLM_USE_DEEP_GEMM_E8M0 leaves vLLM's own choice alone. A backend
+asked for by name that does not take the model fails the start in vLLM (no fallback), so pocserve asks only where
+DeepGEMM's MoE kernel takes it: 128 x 128 blocks, SiLU, no expert parallel (unmeasured there). Shapes it cannot
+run (token counts, or an expert slice not a multiple of 128, as 1536 / 8 at TP=8) fall back to Triton per call.
+TP > 1 is not measured on it.
 
 DeepGEMM compiles each kernel with nvcc the first time a shape needs it (4–7 s each on an H200). vLLM's own warm-up
 of them (VLLM_DEEP_GEMM_WARMUP=relax) walks every token count up to max_num_batched_tokens: 4,715 of them at 65536,
@@ -44,6 +48,18 @@ def is_block_fp8(config: Mapping[str, Any]) -> bool:
     return isinstance(quant, dict) and quant.get("quant_method") == "fp8" and bool(quant.get("weight_block_size"))
 
 
+def _unsupported(config: Mapping[str, Any], given: frozenset[str]) -> str | None:
+    """What DeepGEMM's MoE kernel would refuse at start once asked for by name (vLLM raises instead of falling
+    back: vllm/model_executor/layers/fused_moe/oracle/fp8.py `_return_or_raise`), or a case not measured."""
+    if list(config["quantization_config"]["weight_block_size"]) != [128, 128]:
+        return "blocks other than 128 x 128"
+    if config.get("hidden_act", "silu") != "silu":
+        return f"activation {config.get('hidden_act')!r} (DeepGEMM's MoE kernel takes SiLU)"
+    if "enable_expert_parallel" in given:
+        return "expert parallel (not measured on DeepGEMM)"
+    return None
+
+
 def why_not(config: Mapping[str, Any], given: frozenset[str], environ: Mapping[str, str], *, is_hopper: bool,
             has_deep_gemm: bool, nvcc: str | None) -> str | None:
     """None where DeepGEMM is the default to take; else why vLLM's own choice stands (pure: tested on CPU)."""
@@ -52,6 +68,8 @@ def why_not(config: Mapping[str, Any], given: frozenset[str], environ: Mapping[s
     if named := [f"--{f.replace('_', '-')}" for f in USER_FLAGS if f in given] + \
             [v for v in USER_VARIABLES if v in environ]:
         return f"{', '.join(named)} given"
+    if (refused := _unsupported(config, given)) is not None:
+        return refused
     if not is_hopper:
         return "not a Hopper GPU (measured on Hopper only)"
     if not has_deep_gemm:

@@ -21,6 +21,10 @@ def test_vllms_choice_stands_where_anything_differs():
     assert kernels.why_not(BLOCK_FP8, frozenset({"moe_backend"}), {}, **HOPPER) == "--moe-backend given"
     assert kernels.why_not(BLOCK_FP8, frozenset({"linear_backend"}), {"VLLM_USE_DEEP_GEMM_E8M0": "1"},
                            **HOPPER) == "--linear-backend, VLLM_USE_DEEP_GEMM_E8M0 given"
+    other_blocks = {"quantization_config": {"quant_method": "fp8", "weight_block_size": [64, 64]}}
+    assert kernels.why_not(other_blocks, frozenset(), {}, **HOPPER) == "blocks other than 128 x 128"
+    assert "SiLU" in kernels.why_not({**BLOCK_FP8, "hidden_act": "gelu"}, frozenset(), {}, **HOPPER)
+    assert "expert parallel" in kernels.why_not(BLOCK_FP8, frozenset({"enable_expert_parallel"}), {}, **HOPPER)
     assert "Hopper" in kernels.why_not(BLOCK_FP8, frozenset(), {}, **{**HOPPER, "is_hopper": False})
     assert "not installed" in kernels.why_not(BLOCK_FP8, frozenset(), {}, **{**HOPPER, "has_deep_gemm": False})
     assert "CUDA_HOME" in kernels.why_not(BLOCK_FP8, frozenset(), {}, **{**HOPPER, "nvcc": None})
