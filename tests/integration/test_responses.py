@@ -134,8 +134,10 @@ def test_responses_input_items_carry_a_conversation_with_tool_calls(client, stac
 
 
 def test_responses_logprobs_when_included(client, stack):
+    # Seeded, without EOS: the random model's text must not be empty (EOS first, or only reserved special tokens,
+    # which detokenize to nothing: CI once got no content in the last request below, unseeded).
     kw = dict(model=stack.model, input=QUESTION, max_output_tokens=6, top_logprobs=3,
-              include=["message.output_text.logprobs"], extra_body={"ignore_eos": True})
+              include=["message.output_text.logprobs"], extra_body={"ignore_eos": True, "seed": 7})
     r = client.responses.create(**kw)
     lps = r.output[0].content[0].logprobs
     assert len(lps) == 6 and all(len(lp.top_logprobs) == 3 for lp in lps)
@@ -145,8 +147,10 @@ def test_responses_logprobs_when_included(client, stack):
     # A token that adds no text yet waits for the next delta; those after the last one are only in the message.
     whole = [lp.token for lp in events[-1].response.output[0].content[0].logprobs]
     assert len(whole) == 6 and streamed and whole[:len(streamed)] == streamed
-    assert client.responses.create(model=stack.model, input=QUESTION, max_output_tokens=3).output[0] \
-        .content[0].logprobs is None
+    plain = client.responses.create(model=stack.model, input=QUESTION, max_output_tokens=6,
+                                    extra_body={"ignore_eos": True, "seed": 7})
+    assert plain.output[0].content[0].text  # the seeded tokens above, without logprobs asked
+    assert plain.output[0].content[0].logprobs is None
 
 
 @pytest.mark.parametrize("body,status,param", [
