@@ -2,7 +2,8 @@
 
 vLLM 0.26 on Hopper puts a block-FP8 MoE on its Triton kernel unless DeepGEMM is asked for, and its linear layers
 on DeepGEMM (through FlashInfer) with the block scales re-quantised to powers of two (VLLM_USE_DEEP_GEMM_E8M0).
-Measured on one H200 (docs/benchmarks.md, "FP8 kernel paths", `scripts/gpu_check.sh kernels`), the 235B shape:
+Measured on one H200 (docs/benchmarks-history.md, 2026-12-02, "the FP8 kernel paths on one H200", `scripts/gpu_check.sh
+kernels`), the 235B shape:
 - 12 layers: PoC 150–158 nonces/s on DeepGEMM (MoE and linear) against 99–100 on Triton MoE + CUTLASS linear,
   ~1.55x, at 32, 64 and 128 x 1024;
 - 2 seeded layers, 256 nonces: DeepGEMM with the checkpoint's scales lies within 0.095 of Triton's artifacts (mean
@@ -120,7 +121,9 @@ def engine_args(settings, environ: MutableMapping[str, str] = os.environ):
     from backend.engine import args, parallel
 
     engine = args.engine_args(settings)
+    if compat.is_cpu_build():  # no config.json read: the CPU engine has no such kernels
+        return engine
     config = parallel.model_config(Path(settings.model))
-    if not compat.is_cpu_build() and is_block_fp8(config):
+    if is_block_fp8(config):
         log.info("fp8_kernels", **choose(engine, config, settings.vllm.given, environ))
     return engine
