@@ -5,14 +5,17 @@
     python -m bench.poc_forward --shape qwen3-235b-a22b --num-layers 94 --quant fp8 --config-only \
         --model-dir models/q235-94l --engine-arg=--tensor-parallel-size=4 --gpu-memory-utilization 0.9  (full size)
 
-"PoC" is the production path (engine thread → leased KV blocks → worker: seeded inputs, per-layer
-reflections, final-norm hidden, pick/rotate/encode on the device). "Bare" is the same batched prefill on
-leased blocks with inputs made once and no reflections, RNG or post-processing. The two are timed in
-alternating rounds and the medians reported: on an H100 the bare rate alone moved by 10% between two runs
-of one lease, more than the PoC's overhead. Under tensor parallelism both run on every rank (collective_rpc).
-"Peak" is the most device memory torch held during one PoC batch above what it held before it (the largest
-rank's), beside vLLM's own profile of a step of max_num_batched_tokens. MFU counts
-2 × (q, k, v, o, MLP weights) per token plus causal attention, against the bf16 matmul peak measured here.
+"PoC" is one forward at a time as `PocRunner.run` takes it (engine thread → leased KV blocks → worker: seeded
+inputs, per-layer reflections, final-norm hidden, pick/rotate/encode on the device, a sync at each end): what a
+validation job outside a round runs. "Round" is what an exclusive round runs: forwards launched whole and back to
+back (`PocRunner.launch`, two in flight), the oldest collected while the next runs; on one GPU on PoC's own
+stream, replayed from CUDA graphs after a shape's first two, elsewhere (--poc-overlap off, TP > 1) pipelined on
+chat's stream, eager. "Bare" is the same batched prefill on leased blocks with inputs made once and no reflections,
+RNG or post-processing. The three are timed in alternating rounds and the medians reported: on an H100 the bare
+rate alone moved by 10% between two runs of one lease, more than the PoC's overhead. Under tensor parallelism all
+three run on every rank (collective_rpc). "Peak" is the most device memory torch held during one PoC batch above
+what it held before it (the largest rank's), beside vLLM's own profile of a step of max_num_batched_tokens. MFU
+counts 2 × (q, k, v, o, MLP weights) per token plus causal attention, against the bf16 matmul peak measured here.
 """
 
 from __future__ import annotations
@@ -55,6 +58,30 @@ def _bare(worker, block_ids: list[int], num_seqs: int, seq_len: int, iters: int)
             prefill_last_hidden(mr, cfg, model, block_ids, x)
         sync()
     return (time.perf_counter() - started) / iters
+
+
+def _round_path_s(runner, job: ArtifactJob, batch: int, iters: int, first_nonce: int) -> float:
+    """Seconds per forward of `iters` forwards launched as an exclusive round launches them (backend/core/policy.py,
+    PocLaunch / PocCollect, and choose_overlapped while chat is gated): a new one whenever a slot is free, else the
+    oldest collected."""
+    launched = done = 0
+    started = time.perf_counter()
+    while done < iters:
+        if launched < iters and runner.can_launch:
+            nonces = [first_nonce + launched * batch + k for k in range(batch)]
+            assert runner.launch(job, nonces, False, float("inf"), pipelined=runner.pipelines) == batch
+            launched += 1
+        else:
+            assert runner.poll(wait=True) is not None
+            done += 1
+    return (time.perf_counter() - started) / iters
+
+
+def _round_path(runner) -> str:
+    """How the round path launches on this engine (PocRunner's flags)."""
+    if runner.overlaps:
+        return "PoC's stream, graphs where capturable"
+    return "pipelined on chat's stream" if runner.pipelines else "one at a time"
 
 
 def _parts(worker, block_ids: list[int], num_seqs: int, seq_len: int, iters: int) -> dict[str, float]:
@@ -266,22 +293,26 @@ def main(argv: list[str] | None = None) -> None:
         job = ArtifactJob(PocSpec("BENCH_BLOCK", "bench_key", seq_len), tuple(range(batch)))
         for _ in range(3):
             runner.run(job, list(job.nonces))
+        _round_path_s(runner, job, batch, 3, 0)  # a shape's first forwards there warm up, then capture its graph
     for seq_len, batch in points:
         nonces = list(range(batch))
         job = ArtifactJob(PocSpec("BENCH_BLOCK", "bench_key", seq_len), tuple(nonces))
         memory = _poc_peak_gib(llm, runner, job, nonces)
         num_blocks = batch * runner.blocks_per_seq(seq_len)
-        rounds = []  # (poc_s, bare_s) per round, PoC and bare alternating so clock drift hits both alike
+        rounds = []  # (poc_s, round_s, bare_s) per round, alternating so clock drift hits all alike
         for r in range(args.rounds):
             started = time.perf_counter()
             for i in range(args.iters):
-                _arts, n = runner.run(job, [(r * args.iters + i) * batch + k for k in range(batch)])
+                _arts, n = runner.run(job, [(2 * r * args.iters + i) * batch + k for k in range(batch)])
                 assert n == batch
             poc_round_s = (time.perf_counter() - started) / args.iters
+            launched_s = _round_path_s(runner, job, batch, args.iters, (2 * r + 1) * args.iters * batch)
             with _leased(runner, pool, num_blocks) as ids:
-                rounds.append((poc_round_s, llm.collective_rpc(_bare, args=(ids, batch, seq_len, args.iters))[0]))
-        poc_s, bare_s = (statistics.median(col) for col in zip(*rounds, strict=True))
-        round_ratios = [bare / poc for poc, bare in rounds]
+                bare_round_s = llm.collective_rpc(_bare, args=(ids, batch, seq_len, args.iters))[0]
+            rounds.append((poc_round_s, launched_s, bare_round_s))
+        poc_s, launched_s, bare_s = (statistics.median(col) for col in zip(*rounds, strict=True))
+        round_ratios = [bare / poc for poc, _, bare in rounds]
+        launched_ratios = [bare / launched for _, launched, bare in rounds]
         parts = None
         if args.parts:
             with _leased(runner, pool, num_blocks) as ids:
@@ -291,7 +322,9 @@ def main(argv: list[str] | None = None) -> None:
         flops = flops_per_seq(hf_cfg, seq_len) * batch
         row = {"seq_len": seq_len, "batch": batch, "poc_nonces_per_s": batch / poc_s,
                "bare_nonces_per_s": batch / bare_s, "ratio": statistics.median(round_ratios),
-               "round_ratios": round_ratios,
+               "round_ratios": round_ratios, "round_nonces_per_s": batch / launched_s,
+               "round_ratio": statistics.median(launched_ratios), "round_round_ratios": launched_ratios,
+               "round_path": _round_path(runner),
                "poc_mfu": flops / poc_s / 1e12 / peak, "bare_mfu": flops / bare_s / 1e12 / peak,
                "poc_tflops": flops / poc_s / 1e12, "bare_tflops": flops / bare_s / 1e12, **memory}
         if parts:
@@ -301,7 +334,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"L={seq_len:5d} B={batch:3d}  PoC {row['poc_nonces_per_s']:9.1f} nonces/s "
               f"(MFU {row['poc_mfu']:.3f})  bare {row['bare_nonces_per_s']:9.1f} nonces/s "
               f"(MFU {row['bare_mfu']:.3f}, {row['bare_tflops']:.0f} TFLOP/s)  PoC/bare {row['ratio']:.3f} (median of "
-              f"{' '.join(f'{x:.3f}' for x in row['round_ratios'])})  memory: PoC peak "
+              f"{' '.join(f'{x:.3f}' for x in row['round_ratios'])})  round {row['round_nonces_per_s']:9.1f} "
+              f"nonces/s, round/bare {row['round_ratio']:.3f} (median of "
+              f"{' '.join(f'{x:.3f}' for x in row['round_round_ratios'])}; {row['round_path']})  memory: PoC peak "
               f"{memory['poc_peak_gib']:.2f} GiB, reserved {memory['reserved_gib']:.2f}, free "
               f"{memory['free_gib']:.2f}", flush=True)
     device = str(engine.vllm_config.device_config.device_type)

@@ -9,6 +9,9 @@
 #   bash scripts/gpu_check.sh kernels         # the FP8 MoE and linear kernel paths side by side on the 235B slice:
 #                                             # nonces/s, MFU, artifacts' L2 between paths (KERNELS, KLAYERS; DeepGEMM
 #                                             # staged by scripts/stage_deep_gemm.sh as .stage/p5)
+#   bash scripts/gpu_check.sh poc-paths 0.6b|235b  # PoC, an exclusive round's path and the bare forward, with
+#                                             # --poc-overlap auto (graphs) and off (pipelined: TP > 1's path)
+#   bash scripts/gpu_check.sh archs [SHAPES]  # the architecture tests on the CUDA engine (default tiny-minimax-m2)
 #   bash scripts/gpu_check.sh bench-serving   # this stack vs `vllm serve`, same install and model
 #   bash scripts/gpu_check.sh bench-serving-rounds [custom-ops]  # the same, both servers up at once (0.4 of the
 #                                             # GPU each), ROUNDS (default 6) pairs of interleaved rounds; custom-ops
@@ -231,6 +234,38 @@ case "${1:-tests}" in
     keep_logs fp8-default
     grep -h "Fp8 MoE backend\|for Fp8LinearMethod" "$out"/logs-fp8-default/*.log | cut -c1-160 | sort | uniq -c || true
     free_gpus
+    ;;
+  poc-paths)  # poc-paths 0.6b|235b: PoC, the exclusive round's path and the bare forward (bench.poc_forward) with
+              # --poc-overlap auto (one GPU: PoC's stream, CUDA graphs) and off (pipelined on chat's stream, eager:
+              # the path of TP > 1); 0.6b: 32/64 x 256/1024 and torch.profiler tables; 235b: PLAYERS (default 12)
+              # block-FP8 layers, dummy weights, 32 x 1024
+    case "${2:-0.6b}" in
+      0.6b) shape=(--shape qwen3-0.6b) points=(--seq-lens 256 1024 --batches 32 64 --iters 10) mem=0.6 ;;
+      235b) config_only "${PLAYERS:-12}" fp8
+            shape=(--shape qwen3-235b-a22b --num-layers "${PLAYERS:-12}" --quant fp8 --config-only --model-dir "$dir")
+            points=(--seq-lens 1024 --batches 32 --iters 3) mem=0.85 ;;
+      *) echo "poc-paths: unknown part $2 (0.6b, 235b)" >&2; exit 2 ;;
+    esac
+    for mode in auto off; do
+      free_gpus
+      prof=(); [ "$2" = 0.6b ] && [ "$mode" = auto ] && prof=(--profile "$out/profile-$2")
+      timeout --signal=INT "${PTIMEOUT_S:-240}" python3 -m bench.poc_forward "${shape[@]}" "${points[@]}" --rounds 3 \
+        --gpu-memory-utilization "$mem" --engine-arg=--enforce-eager --engine-arg=--kernel-warmup=off \
+        --engine-arg=--poc-overlap="$mode" "${prof[@]}" --json "$out/poc-paths-$2-$mode.json" \
+        > "$out/poc-paths-$2-$mode.log" 2>&1 || echo "poc-paths $2 $mode: exit $?"
+      echo "== $2, --poc-overlap $mode" | tee -a "$out/poc-paths.txt"
+      grep -E "^L=|^device|poc_graph|fp8_kernels|Traceback|Error" "$out/poc-paths-$2-$mode.log" | cut -c1-600 \
+        | tee -a "$out/poc-paths.txt"
+    done
+    free_gpus
+    ;;
+  archs)  # archs [SHAPE,...]: tests/integration/test_architectures.py on the CUDA engine (default: MiniMax-M2, which
+          # vLLM's CPU build cannot run)
+    POCSERVE_TEST_ARCHS=${2:-tiny-minimax-m2} timeout --signal=INT "${SUITE_S:-400}" python3 -m pytest -q \
+      -p no:cacheprovider -o addopts="" -W ignore::pytest.PytestConfigWarning tests/integration/test_architectures.py \
+      -s > "$out/archs.txt" 2>&1 || echo "archs: exit $?"
+    grep -vE "^(INFO|WARNING|DEBUG)|^\(EngineCore" "$out/archs.txt" | grep -E "L2|passed|failed|Error|assert|^E " \
+      | cut -c1-400 | tail -60
     ;;
   bench-poc)
     python3 -m bench.poc_forward --shape qwen3-0.6b --seq-lens 256 1024 --batches 32 64 --iters 10 \

@@ -69,7 +69,8 @@ class BackendLoop:
         if self.engine.poc.overlaps:
             self.run_once_overlapped()
             return
-        self.ingest(block=not (self.chat.has_work() or self.pow.has_work()))
+        # A forward in flight is finished even once its task is gone (a /stop): its blocks stay leased until then.
+        self.ingest(block=not (self.chat.has_work() or self.pow.has_work() or self.artifacts.is_in_flight))
         self.pow.feed()
         self.execute(policy.choose(self.snapshot()))
         self.publish()
@@ -121,7 +122,8 @@ class BackendLoop:
             poc_credit_s=self.share.credit_s, poc_cost=cost, poc_max_batch=max_batch,
             is_poc_in_flight=self.artifacts.is_in_flight, has_poc_slot=self.artifacts.has_slot,
             chat_share=self.share.share, can_park_poc=self.engine.poc.parks,
-            poc_num_layers=self.engine.poc.num_own_layers)
+            poc_num_layers=self.engine.poc.num_own_layers, can_pipeline_poc=self.engine.poc.pipelines,
+            is_poc_pipelined=self.artifacts.is_pipelined)
 
     def ingest(self, block: bool, timeout_s: float = _IDLE_WAIT_S) -> None:
         try:
@@ -167,6 +169,14 @@ class BackendLoop:
                 started = time.perf_counter()
                 self.artifacts.poll_batch(wait=False, budget_s=policy.PARKED_WAIT_S, timed=True)
                 self._after_poc(started, "poc_chunk")
+            case policy.PocLaunch():
+                started = time.perf_counter()
+                self.artifacts.launch_batch(False, float("inf"), pipelined=True)
+                self._after_poc(started, "poc_launched")
+            case policy.PocCollect():
+                started = time.perf_counter()
+                self.artifacts.poll_batch(wait=True)
+                self._after_poc(started, "poc_collected")
             case policy.Idle():
                 self.engine.poc.release()  # PoC keeps its KV blocks between forwards; no forward is coming
                 if len(self.artifacts) > 0:  # PoC waits for chat: out its linger, or for a request being prepared

@@ -11,6 +11,12 @@ unless a shorter one would waste more than IDLE_MAX_OVERHEAD of its time, and wh
 exclusive round); with nothing to run, the loop blocks on its inbox. That is `choose`, for time-slicing; where PoC
 forwards run beside chat steps (--poc-overlap) the loop asks `choose_overlapped` instead.
 
+Where the engine pipelines (`PocRunner.pipelines`: time-sliced, one pipeline stage, any TP), an exclusive round's
+forwards are launched whole and back to back (`PocLaunch`: the next queued behind the one running, at most
+--poc-forwards-in-flight) and collected oldest first (`PocCollect`), so the device never idles between them while the
+engine thread reads one's artifacts and launches the next. Once the round is no longer gated, or a slot is not
+free, the oldest is collected: a request let in then waits for the forwards in flight, as a job does.
+
 Where the engine can park a forward between its decoder layers (one rank, time-sliced: `PocRunner.parks`), an idle
 forward is started parked (`PocBatch(parked=True)`) and run a chunk of layers at a time (`PocChunk`): a request
 that arrives meanwhile waits for one chunk, not a whole forward, and goes first; the forward goes on in the chunks
@@ -79,6 +85,10 @@ class Snapshot:
     # The engine can park a forward between decoder layers (time-sliced, one rank), and how many layers it has.
     can_park_poc: bool = False
     poc_num_layers: int = 1
+    # The engine launches an exclusive round's forwards back to back (time-sliced; PocRunner.pipelines), and the
+    # forwards in flight were launched so.
+    can_pipeline_poc: bool = False
+    is_poc_pipelined: bool = False
 
 
 @dataclass(frozen=True)
@@ -102,23 +112,33 @@ class PocChunk:
 
 
 @dataclass(frozen=True)
+class PocLaunch:
+    """Launch a whole PoC forward of the next task behind those in flight (pipelined, an exclusive round)."""
+
+
+@dataclass(frozen=True)
+class PocCollect:
+    """Wait for the oldest pipelined PoC forward in flight and finish it."""
+
+
+@dataclass(frozen=True)
 class Idle:
     """Nothing to do: block on the inbox."""
 
 
-Work = EngineStep | PocBatch | PocChunk | Idle
+Work = EngineStep | PocBatch | PocChunk | PocLaunch | PocCollect | Idle
 
 
 def choose(s: Snapshot) -> Work:
     chat = EngineStep() if s.has_engine_work else Idle()  # Idle while only preparing: wait for it to arrive
     if s.is_poc_in_flight:
-        return _parked_forward(s, chat)
+        return _pipelined_forward(s) if s.is_poc_pipelined else _parked_forward(s, chat)
     poc_ready = s.has_poc_work and not (s.is_poc_blocked and s.has_engine_work)
     if not poc_ready:
         return chat
     if not (s.has_engine_work or s.is_chat_preparing):
         if s.is_chat_gated:
-            return PocBatch()
+            return PocLaunch() if s.can_pipeline_poc else PocBatch()
         if not s.is_chat_recent:
             return _idle_forward(s)
         # Chat just went quiet: PoC spends what credit it has left, then waits out the linger.
@@ -161,6 +181,14 @@ def _idle_forward(s: Snapshot) -> PocBatch:
     if size == s.poc_cost.only_size:
         size = _probe_size(s.poc_cost, s.poc_max_batch) or size
     return PocBatch(limit=None if size >= s.poc_max_batch else size, parked=s.can_park_poc)
+
+
+def _pipelined_forward(s: Snapshot) -> Work:
+    """Forwards launched back to back: one more behind them while the round is gated, nothing of chat's is on its
+    way and a slot is free; otherwise the oldest is collected (chat's next step would queue behind them anyway)."""
+    if s.is_chat_gated and not (s.has_engine_work or s.is_chat_preparing) and s.has_poc_slot:
+        return PocLaunch()
+    return PocCollect()
 
 
 def _parked_forward(s: Snapshot, chat: Work) -> Work:

@@ -76,6 +76,7 @@ class Engine:
             self.poc.overlaps = self._prepare_overlap(settings)
             self.poc.max_in_flight = settings.poc_forwards_in_flight
             self.poc.parks = settings.vllm.world_size == 1 and not self.poc.overlaps
+            self.poc.pipelines = self._prepare_pipeline(settings)
             self._warm_up_kernels(settings, step_tokens)
         except BaseException:
             self.core.shutdown()  # the workers are processes of their own under TP/PP
@@ -87,7 +88,7 @@ class Engine:
                  pipeline_parallel_size=settings.engine.pipeline_parallel_size, max_num_seqs=self.max_num_seqs,
                  dtype=str(self.vllm_config.model_config.dtype).removeprefix("torch."),
                  poc_layer_ranges=self.poc.layer_ranges,
-                 poc_overlap=self.poc.overlaps, poc_parks=self.poc.parks,
+                 poc_overlap=self.poc.overlaps, poc_parks=self.poc.parks, poc_pipelines=self.poc.pipelines,
                  poc_forwards_in_flight=settings.poc_forwards_in_flight,
                  torch_threads=torch.get_num_threads(), elapsed_s=round(time.monotonic() - started, 1),
                  uptime_s=process_uptime_s())
@@ -111,6 +112,16 @@ class Engine:
         if streams is not None:
             log.info("poc_streams", chat_share=settings.chat_share, **streams)
         return streams is not None or settings.poc_overlap == "on"
+
+    def _prepare_pipeline(self, settings: BackendSettings) -> bool:
+        """Whether a time-sliced engine launches an exclusive round's forwards back to back (PocRunner.pipelines):
+        one pipeline stage (a stage receives its input from the previous one's send, which `run` pairs per forward).
+        The workers make their side stream for the artifacts (CUDA); elsewhere a forward runs as it is launched, the
+        same path with nothing to overlap."""
+        if self.poc.overlaps or settings.engine.pipeline_parallel_size > 1:
+            return False
+        self.core.collective_rpc("poc_prepare_pipeline")
+        return True
 
     def fingerprint(self) -> Fingerprint:
         cfg = self.vllm_config

@@ -36,6 +36,7 @@ class Flight:
 
     owner: Any  # the caller's
     num_nonces: int
+    pipelined: bool = False  # launched whole on chat's stream, time-sliced (PocRunner.pipelines)
 
 
 class ForwardsLost(Exception):
@@ -74,6 +75,11 @@ class PocRunner:
         # rank only, since each rank's worker cuts its chunks by its own clock and ranks must run the same layers
         # between their collectives. Set by the engine at start.
         self.parks = False
+        # Whether a time-sliced engine launches an exclusive round's forwards back to back (`launch(pipelined=True)`):
+        # the next queued behind the one running and each one's artifacts computed while the next runs, instead of
+        # `run`'s forward, sync and artifacts with the device idle between them. One pipeline stage (any number of TP
+        # ranks: every rank launches the same forwards in the same order). Set by the engine at start.
+        self.pipelines = False
 
     @property
     def num_own_layers(self) -> int:
@@ -114,7 +120,7 @@ class PocRunner:
         return _artifacts(next(r for r in results if r is not None)), len(batch.nonces)
 
     def launch(self, job: ArtifactJob, nonces: list[int], is_chat_running: bool, budget_s: float,
-               owner: Any = None, paced: bool = False) -> int:
+               owner: Any = None, paced: bool = False, pipelined: bool = False) -> int:
         """Starts one forward over a prefix of `nonces` (as `run`) beside chat's steps and returns how many it
         took: the workers queue its first decoder layers in `budget_s` of host time, `poll` the rest and then
         collects it, handing back `owner` with its artifacts. Its blocks stay leased until then, whatever
@@ -122,11 +128,13 @@ class PocRunner:
         (backend/engine/pocworker/streams.py); `paced`, launched with chat idle, it runs on every SM no further
         ahead of the GPU than a request may wait for, until chat runs (backend/engine/pocworker/pacing.py). While
         `can_launch`, a second may be launched behind the first: it runs after it, so the device never waits for
-        the engine thread to collect one forward and launch the next."""
+        the engine thread to collect one forward and launch the next. `pipelined` (time-sliced, `pipelines`): the
+        forward goes on chat's stream, queued whole; forwards in flight are then all pipelined ones."""
         assert self.can_launch, f"{len(self._in_flight)} PoC forwards in flight, the newest not wholly queued"
+        assert not self._in_flight or self._in_flight[0].pipelined == pipelined, "pipelined and other forwards mixed"
         batch = self._lease_for(job, nonces)
-        results = self._call("poc_launch", batch, is_chat_running, budget_s, paced)
-        self._in_flight.append(Flight(owner, len(batch.nonces)))
+        results = self._call("poc_launch", batch, is_chat_running, budget_s, paced, pipelined)
+        self._in_flight.append(Flight(owner, len(batch.nonces), pipelined))
         self._is_queued = all(results)
         return len(batch.nonces)
 
@@ -170,6 +178,11 @@ class PocRunner:
     @property
     def is_in_flight(self) -> bool:
         return bool(self._in_flight)
+
+    @property
+    def is_pipelined(self) -> bool:
+        """The forwards in flight were launched pipelined (an exclusive round's, time-sliced)."""
+        return bool(self._in_flight) and self._in_flight[0].pipelined
 
     @property
     def can_launch(self) -> bool:

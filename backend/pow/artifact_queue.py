@@ -13,8 +13,9 @@ finished meanwhile (free KV blocks, other jobs, chat's share of the device). Min
 
 `run_batch(limit)` runs one forward of at most `limit` nonces (the policy's size for it when chat shares the device)
 and records its duration, so the policy can size the next one. Where the runner overlaps forwards with chat's
-steps, `launch_batch()` queues a whole forward and `poll_batch()` finishes the oldest; the runner may take a second
-behind the first (`has_slot`), from the nonces no forward in flight holds yet.
+steps, or pipelines an exclusive round's (time-sliced), `launch_batch()` queues a whole forward and `poll_batch()`
+finishes the oldest; the runner may take a second behind the first (`has_slot`), from the nonces no forward in
+flight holds yet.
 """
 
 from __future__ import annotations
@@ -176,21 +177,27 @@ class ArtifactQueue:
         return self._runner.is_in_flight
 
     @property
+    def is_pipelined(self) -> bool:
+        """The forwards in flight were launched pipelined (PocRunner.pipelines)."""
+        return self._runner.is_pipelined
+
+    @property
     def has_slot(self) -> bool:
         """launch_batch may start a forward now: the runner takes one more, a task has nonces for it, and the last
         launch found free KV blocks (if it did not, the forward in flight or an engine step frees some first)."""
         return not self.is_blocked and self._runner.can_launch and self._pick() is not None
 
     def launch_batch(self, is_chat_running: bool, budget_s: float, limit: int | None = None,
-                     timed: bool = False, paced: bool = False) -> None:
+                     timed: bool = False, paced: bool = False, pipelined: bool = False) -> None:
         """Starts a forward of the next task (at most `limit` nonces) beside chat's steps, queueing what `budget_s`
         of host time allows; `poll_batch` queues the rest and finishes it. `timed`: the forward runs only inside
-        these calls (a parked one, time-sliced), so their time is its cost. `paced`: see PocRunner.launch."""
+        these calls (a parked one, time-sliced), so their time is its cost. `paced`, `pipelined`: see
+        PocRunner.launch."""
         is_job, task, batch = self._take(limit)
         started = self._clock()
         try:
             num_run = self._runner.launch(task.job, batch, is_chat_running, budget_s, owner=(is_job, task),
-                                          paced=paced)
+                                          paced=paced, pipelined=pipelined)
         except NoFreeBlocks as e:
             self._wait_for_blocks(e)
             return

@@ -97,9 +97,10 @@ class BackendSettings:
                                "layer then runs when queued, with no overlap: for tests), off = time-slicing",
                                choices=("auto", "on", "off"))
     poc_forwards_in_flight: int = setting("POCSERVE_POC_FORWARDS_IN_FLIGHT", 2,
-                                          "overlapped (--poc-overlap), PoC forwards launched at once: 2 = the next "
-                                          "queued behind the one running, so the device does not wait between them "
-                                          "for the engine thread; 1 = one at a time", type=int)
+                                          "PoC forwards launched at once, overlapped (--poc-overlap) or in an "
+                                          "exclusive round time-sliced: 2 = the next queued behind the one running, "
+                                          "so the device does not wait between them for the engine thread; 1 = one "
+                                          "at a time", type=int)
     kernel_warmup: str = setting("POCSERVE_KERNEL_WARMUP", "auto",
                                  "before ready, run the model once at each step size whose kernels would otherwise "
                                  "compile at a first chat (the fused-MoE Triton kernel's tile sizes): auto = MoE "

@@ -7,14 +7,16 @@ exclusive mode (forwards parked between decoder layers, time-sliced). The artifa
 the same bytes in both starts, and all within L2 BOUNDS of an independent HF-transformers forward
 (tests/reference_poc.py). DeepSeek-V3 on the CPU engine is not batch invariant (a nonce's bytes depend on the
 forward's other sequences, L2 up to 0.0083 apart), so for it only one-nonce forwards are compared bit for bit; for
-the others they equal the 16-nonce request's bytes too. MiniMax-M2 is not here: vLLM 0.29's CPU build cannot route
-its experts (sigmoid scores without grouped top-k fail an assertion in its CPU MoE), chat as well as PoC; README,
-"Models and topologies".
+the others they equal the 16-nonce request's bytes too. MiniMax-M2 is not in the CPU set: vLLM 0.29's CPU build
+cannot route its experts (sigmoid scores without grouped top-k fail an assertion in its CPU MoE), chat as well as
+PoC; README, "Models and topologies". POCSERVE_TEST_ARCHS (comma-separated shapes) picks others, e.g. on a CUDA
+engine (scripts/gpu_check.sh archs).
 """
 
 from __future__ import annotations
 
 import json
+import os
 
 import httpx
 import openai
@@ -34,8 +36,11 @@ from tests.integration.pow_util import (
 )
 from tests.reference_poc import HFReference
 
-ARCHITECTURES = {"tiny-llama": "LlamaForCausalLM", "tiny-deepseek-v3": "DeepseekV3ForCausalLM",
-                 "tiny-glm4-moe": "Glm4MoeForCausalLM", "tiny-gpt-oss": "GptOssForCausalLM"}
+KNOWN = {"tiny-llama": "LlamaForCausalLM", "tiny-deepseek-v3": "DeepseekV3ForCausalLM",
+         "tiny-glm4-moe": "Glm4MoeForCausalLM", "tiny-gpt-oss": "GptOssForCausalLM",
+         "tiny-minimax-m2": "MiniMaxM2ForCausalLM"}
+CPU_SET = "tiny-llama,tiny-deepseek-v3,tiny-glm4-moe,tiny-gpt-oss"
+ARCHITECTURES = {shape: KNOWN[shape] for shape in os.environ.get("POCSERVE_TEST_ARCHS", CPU_SET).split(",")}
 # An explicit KV size and context: a memory share would follow this machine's reported memory, which changes.
 ENGINE = ("--kv-cache-memory-bytes", "256M", "--max-model-len", "1024")
 NONCES = list(range(16))
@@ -44,7 +49,8 @@ SEQ_LEN = 64  # past gpt-oss's 32-token sliding window
 # 0.07 with its sliding window off), but 0.05 for GLM-4-MoE, where a near-tie between two experts' scores, which the
 # two implementations round apart, put one nonce at 0.0217 (docs/decisions.md, "MoE near-tie routing"), and for
 # DeepSeek-V3, measured at 0.0121 in one batch composition of several the cost model may pick; the chain uses 0.4.
-BOUNDS = {"tiny-llama": 0.02, "tiny-deepseek-v3": 0.05, "tiny-glm4-moe": 0.05, "tiny-gpt-oss": 0.02}
+BOUNDS = {"tiny-llama": 0.02, "tiny-deepseek-v3": 0.05, "tiny-glm4-moe": 0.05, "tiny-gpt-oss": 0.02,
+          "tiny-minimax-m2": 0.05}  # MoE: the near-tie margin of GLM-4-MoE's, until a run measures it
 BATCH_VARIANT = {"tiny-deepseek-v3"}
 ALONE = NONCES[:4]  # compared across the starts, each in a forward of its own
 

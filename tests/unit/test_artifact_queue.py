@@ -177,16 +177,20 @@ class LaunchingRunner(FakeRunner):
         return bool(self._flights)
 
     @property
+    def is_pipelined(self) -> bool:
+        return bool(self._flights) and self._flights[0].pipelined
+
+    @property
     def can_launch(self) -> bool:
         return len(self.in_flight) < 2
 
     def launch(self, job: ArtifactJob, nonces: list[int], is_chat_running: bool, budget_s: float,
-               owner=None, paced: bool = False) -> int:
+               owner=None, paced: bool = False, pipelined: bool = False) -> int:
         if self.blocked:
             raise NoFreeBlocks("all blocks in use")
         assert self.can_launch
         self.in_flight.append((job.spec.block_hash, nonces))
-        self._flights.append(Flight(owner, len(nonces)))
+        self._flights.append(Flight(owner, len(nonces), pipelined))
         return len(nonces)
 
     def poll(self, wait: bool = False, budget_s: float = 0.0, is_chat_running: bool = False):

@@ -42,7 +42,7 @@ class FakeCore:
             batch = args[0]
             self.forwards.append(list(batch.block_ids))
             self.launched.append(list(batch.nonces))
-            self.launch_flags = tuple(args[1:])  # (is_chat_running, budget_s, paced)
+            self.launch_flags = tuple(args[1:])  # (is_chat_running, budget_s, paced, pipelined)
             return [self.is_queued]
         if method == "poc_poll":
             if self.fail:
@@ -123,20 +123,24 @@ def test_a_launched_forward_keeps_its_blocks_until_polled_back():
     assert core.pool.get_num_free_blocks() == free
 
 
-def test_a_launch_and_a_poll_tell_the_workers_whether_chat_runs():
+def test_a_launch_and_a_poll_tell_the_workers_whether_chat_runs_and_how_it_is_launched():
     """The workers choose the stream (and the SMs) from it, and whether a forward is paced; a poll moves a paced one
     onto PoC's SMs once chat runs."""
     core = FakeCore(num_blocks=65)
     runner = PocRunner(core, max_num_seqs=8, max_batch_tokens=8 * SEQ_LEN)
     runner.launch(job(4), list(range(4)), is_chat_running=False, budget_s=float("inf"), paced=True)
-    assert core.launch_flags == (False, float("inf"), True)
+    assert core.launch_flags == (False, float("inf"), True, False)
     assert runner.poll(is_chat_running=True) is None
     assert core.poll_flags == (False, float("inf"), True)
     core.finished = True
     runner.poll()
     assert core.poll_flags == (False, float("inf"), False)
     runner.launch(job(4), list(range(4)), is_chat_running=True, budget_s=0.001)
-    assert core.launch_flags == (True, 0.001, False)
+    assert core.launch_flags == (True, 0.001, False, False)
+    core.finished = True
+    runner.poll()
+    runner.launch(job(4), list(range(4)), is_chat_running=False, budget_s=float("inf"), pipelined=True)
+    assert core.launch_flags == (False, float("inf"), False, True) and runner.is_pipelined
 
 
 def test_a_second_forward_runs_behind_the_first_on_its_blocks_and_they_come_back_in_order():

@@ -10,7 +10,7 @@ import typing
 import pytest
 
 from backend.core import policy
-from backend.core.policy import EngineStep, Idle, PocBatch, PocChunk, Snapshot
+from backend.core.policy import EngineStep, Idle, PocBatch, PocChunk, PocCollect, PocLaunch, Snapshot
 from backend.core.share import INFINITE, ChatShare
 from backend.pow.cost import Cost
 
@@ -112,6 +112,24 @@ DECISIONS = [
      "a parked forward while a request is tokenized, no credit: wait for the request, not a chunk"),
     (Snapshot(has_engine_work=True, has_poc_work=True, is_poc_in_flight=True, can_park_poc=True, is_chat_gated=True),
      PocChunk(), "a parked forward when a round gates chat: chunks back to back"),
+    # --- an exclusive round's forwards launched back to back (time-sliced, one pipeline stage: PocRunner.pipelines)
+    (Snapshot(has_engine_work=False, has_poc_work=True, is_chat_gated=True, can_pipeline_poc=True,
+              can_park_poc=True), PocLaunch(), "chat gated, engine pipelines: a whole forward launched, not parked"),
+    (Snapshot(has_engine_work=False, has_poc_work=True, is_chat_gated=True, can_pipeline_poc=True,
+              is_poc_in_flight=True, is_poc_pipelined=True, has_poc_slot=True), PocLaunch(),
+     "chat gated, one forward in flight and a slot free: the next queued behind it"),
+    (Snapshot(has_engine_work=False, has_poc_work=True, is_chat_gated=True, can_pipeline_poc=True,
+              is_poc_in_flight=True, is_poc_pipelined=True, has_poc_slot=False), PocCollect(),
+     "chat gated, no slot (two in flight, or no nonces left to launch): the oldest collected"),
+    (Snapshot(has_engine_work=True, has_poc_work=True, is_chat_gated=False, can_pipeline_poc=True,
+              is_poc_in_flight=True, is_poc_pipelined=True, has_poc_slot=True, poc_credit_s=1.0), PocCollect(),
+     "the round ended with forwards in flight: they are collected before chat's step (it would queue behind them)"),
+    (Snapshot(has_engine_work=False, has_poc_work=True, is_chat_gated=True, can_pipeline_poc=True,
+              is_chat_preparing=True, is_poc_in_flight=True, is_poc_pipelined=True, has_poc_slot=True), PocCollect(),
+     "a request being prepared while gated (in flight when the round began): no more launched, the oldest collected"),
+    (Snapshot(has_engine_work=False, has_poc_work=True, is_chat_gated=False, can_pipeline_poc=True,
+              poc_cost=CPU_COST, poc_max_batch=32, can_park_poc=True, poc_num_layers=4), PocBatch(limit=1, parked=True),
+     "chat idle, not gated: pipelining is for exclusive rounds only; the idle forward as before"),
 ]
 
 

@@ -52,6 +52,8 @@ class PocWorkerExtension:
     _poc_graphs: graphs.PocGraphs | None = None
     # Set with the streams: how far forwards launched paced run ahead (pacing.py).
     _poc_pacer: pacing.Pacer | None = None
+    # Set by poc_prepare_pipeline on CUDA without the streams: where a pipelined forward's artifacts are computed.
+    _poc_collect: Any = None
 
     @property
     def _poc_in_flight(self) -> deque[_InFlight]:
@@ -140,21 +142,40 @@ class PocWorkerExtension:
             self._poc_graphs = graphs.PocGraphs()
         return {**self._poc_streams.description, "graphs": graphs.enabled()}
 
+    def poc_prepare_pipeline(self) -> bool:
+        """Time-sliced (no PoC streams): a forward launched `pipelined` is queued on chat's own stream behind the
+        one running, with no sync between them, and its artifacts are computed on a side stream while the next
+        runs, so the device never waits for the engine thread between an exclusive round's forwards. Makes that
+        side stream; False off CUDA (a forward runs there as it is launched)."""
+        device = self._device()
+        if device.type != "cuda":
+            return False
+        if self._poc_collect is None:
+            self._poc_collect = torch.cuda.Stream(device, priority=torch.cuda.Stream.priority_range()[1])
+        return True
+
     @torch.inference_mode()
-    def poc_launch(self, batch: ForwardBatch, is_chat_running: bool, budget_s: float, paced: bool = False) -> bool:
+    def poc_launch(self, batch: ForwardBatch, is_chat_running: bool, budget_s: float, paced: bool = False,
+                   pipelined: bool = False) -> bool:
         """Starts queueing one forward (poc_artifacts'): as many decoder layers as `budget_s` of host
         time allows, the rest in poc_poll calls, which also collect it. Beside running chat it takes only PoC's
         share of the SMs (streams.py); a shape's forwards after its first are replayed from a CUDA graph where
         one can be made (graphs.py). `paced` (chat idle, but likely to come): eager layers on every SM, never more
-        than pacing.AHEAD_S ahead of the GPU, and moved onto PoC's SMs once chat runs (pacing.py). It may be
+        than pacing.AHEAD_S ahead of the GPU, and moved onto PoC's SMs once chat runs (pacing.py). `pipelined`
+        (time-sliced, see poc_prepare_pipeline): on chat's stream, after whatever is queued there. It may be
         launched while the previous forward runs, once that one is wholly queued: it runs after it, on the same
         blocks. Returns whether it is wholly queued."""
         if self._poc_in_flight and not self._poc_in_flight[-1].forward.is_queued:
             raise RuntimeError("the PoC forward in flight is not wholly queued yet")
         if not forward.is_first_stage():
-            raise RuntimeError("PoC forwards beside chat run on one pipeline stage only")
+            raise RuntimeError("PoC forwards launched ahead run on one pipeline stage only")
         device = self._device()
-        stream, carveout = (None, 0) if self._poc_streams is None else self._poc_streams.for_launch(is_chat_running)
+        if self._poc_streams is not None:
+            stream, carveout = self._poc_streams.for_launch(is_chat_running)
+        elif pipelined and self._poc_collect is not None:
+            stream, carveout = torch.cuda.current_stream(device), 0
+        else:
+            stream, carveout = None, 0
         previous = self._poc_in_flight[-1] if self._poc_in_flight else None
         if stream is None:
             _sync(device)
@@ -274,7 +295,7 @@ class PocWorkerExtension:
         one sync would wait for it too); their few kernels leave chat's alone."""
         if f.stream is None:
             return nullcontext()
-        collect = self._poc_streams.collect
+        collect = self._poc_streams.collect if self._poc_streams is not None else self._poc_collect
         collect.wait_event(f.done)
         return torch.cuda.stream(collect)
 
@@ -291,8 +312,8 @@ class PocWorkerExtension:
 
     @contextmanager
     def _on_poc_stream(self, stream, carveout: int):
-        if stream is None:
-            yield
+        if stream is None or stream == torch.cuda.current_stream(stream.device):
+            yield  # on chat's own stream (pipelined) the forward runs after chat's steps, sharing their workspace
             return
         with torch.cuda.stream(stream), compat.own_workspace(self), streams.cublas_carveout(carveout):
             yield
