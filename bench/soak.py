@@ -265,6 +265,8 @@ def verdict(report: dict) -> list[str]:
                         f"{len(pow_['validations_without_callback'])} validations)")
     if pow_["num_validations_wrong"]:
         problems.append(f"{pow_['num_validations_wrong']} honest validations not clean")
+    if pow_["recomputed"]["past_chain"]:
+        problems.append(f"{pow_['recomputed']['past_chain']} recomputed nonces past the chain's distance threshold")
     problems += [f"PoC driver: {e}" for e in pow_["errors"]]
     if not pow_["validations_submitted"]:
         problems.append("no validation was submitted")
@@ -308,6 +310,8 @@ def print_report(r: dict) -> None:
         ("nonces mined (/status) / delivered", f"{pow_['nonces_mined']} / {pow_['nonces_delivered']}"),
         ("validations sent / answered", f"{pow_['validations_submitted']} / {pow_['validated_callbacks']}"),
         ("callbacks lost", str(pow_["callbacks_lost"])),
+        ("recomputed nonces: max L2 / past 0.02 / past 0.4", "{nonces} nonces: {max_l2:.4f} / {past_fork_default} / "
+         "{past_chain}".format(**pow_["recomputed"])),
         ("CPU % servers/client/foreign", " / ".join(f"{v:.0f}" for v in r["cpu_pct"].values())),
     ]
     rows += [(f"RSS MB {name} start/peak/final", " / ".join(f"{v:.0f}" for v in m.values()))

@@ -24,6 +24,9 @@ def test_soak_loses_nothing_and_stays_healthy(model_dir, tmp_path):
     assert pow_["mining_nonces_lost"] == 0
     assert pow_["validations_submitted"] > 0
     assert pow_["validated_callbacks"] == pow_["validations_submitted"] and pow_["num_validations_wrong"] == 0
+    # Every validated nonce was also recomputed directly, and none is a wrong artifact.
+    recomputed = pow_["recomputed"]
+    assert recomputed["nonces"] == 8 * pow_["validations_submitted"] and recomputed["past_chain"] == 0, recomputed
     assert report["health"] == {"http": {"frontend0": 200, "frontend1": 200},
                                 "alive": {"backend": True, "frontend0": True, "frontend1": True}}
     assert report["backend"]["pocserve_callbacks_dropped_total"] == 0
