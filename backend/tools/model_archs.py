@@ -120,8 +120,11 @@ def _glm4_moe_layer(d: Dims, index: int) -> Tensors:
 
 
 def _minimax_m2_config(d: Dims) -> dict:
-    # MiniMax-M2 names the expert width intermediate_size and gives partial RoPE as rotary_dim (half a head).
+    # MiniMax-M2 names the expert width intermediate_size and gives partial RoPE as rotary_dim (half a head). The
+    # factor is also written out: transformers reads rotary_dim only since its config learned the legacy name (5.x
+    # here); an HF reference that read neither would rotate whole heads (vLLM reads rotary_dim first either way).
     return {"head_dim": d.head_dim, "intermediate_size": d.moe_intermediate_size, "rotary_dim": d.head_dim // 2,
+            "partial_rotary_factor": 0.5,
             "num_local_experts": d.num_experts, "num_experts_per_tok": d.num_experts_per_tok,
             "scoring_func": "sigmoid", "use_routing_bias": True, "use_qk_norm": True, "qk_norm_type": "per_layer",
             "attn_type_list": [1] * d.num_hidden_layers, "rope_theta": d.rope_theta, "rope_scaling": None,
