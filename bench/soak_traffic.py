@@ -25,18 +25,21 @@ import json
 import random
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import aiohttp
 
+from bench.kernel_paths import CHAIN
 from bench.load import percentile, prompt
+from poc.validation import StatTest
 from tests.integration.pow_util import Receiver, l2
 
 MODEL = "tiny"
 PUBLIC_KEY = "soak_pub_key"
-# The chain's validation parameters (docs/decisions.md), and the fork's code default, reported beside them.
-CHAIN_STAT_TEST = {"dist_threshold": 0.4, "p_mismatch": 0.1}
-FORK_DIST_THRESHOLD = 0.02
+# The chain's validation parameters (bench/kernel_paths.py, docs/decisions.md) as a request's `stat_test`, and the
+# fork's code default threshold (poc/validation.py), reported beside them.
+CHAIN_STAT_TEST = asdict(CHAIN)
+FORK_DIST_THRESHOLD = StatTest().dist_threshold
 
 
 @dataclass
