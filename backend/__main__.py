@@ -22,6 +22,7 @@ import structlog
 import zmq
 
 from backend.core.heap import HeapTrimmer
+from backend.core.heap_profile import HeapProfiler
 from backend.engine import compat
 from backend.errors import fatal_reason
 from backend.pow.store import StoreError, open_store
@@ -149,6 +150,9 @@ def serve(settings: BackendSettings) -> int:
 
     engine = loop = None
     trimmer = HeapTrimmer().start()
+    profiler = HeapProfiler.from_env()  # a leak hunt's figures (docs/troubleshooting.md); None normally
+    if profiler is not None:
+        profiler.start()
     try:
         # vLLM's registries, so not earlier
         check_parser_names(settings.vllm.tool_call_parser, settings.engine.reasoning_parser or "")
@@ -177,6 +181,8 @@ def serve(settings: BackendSettings) -> int:
         return 1
     finally:
         trimmer.stop()
+        if profiler is not None:
+            profiler.stop()
         shut_down(server, ctx)
         stop_processor(processor)
         if loop is not None:

@@ -229,6 +229,24 @@ def _write_profiles(out: Path, llm, runner, pool, job: ArtifactJob, seq_len: int
     (out / f"profile_L{seq_len}_B{batch}.txt").write_text(f"=== PoC x3\n{poc}\n\n=== bare x3 (+1 warm-up)\n{bare}\n")
 
 
+def _write_host_profile(out: Path, runner, job: ArtifactJob, batch: int, iters: int, seq_len: int) -> None:
+    """cProfile of the engine thread's host work in `iters` forwards of the round path (in-process executor: the
+    worker's code runs on this thread too): where the host time goes when the host, not the device, is the limit."""
+    import cProfile
+    import io
+    import pstats
+    profiler = cProfile.Profile()
+    profiler.enable()
+    seconds = _round_path_s(runner, job, batch, iters, 10**9)
+    profiler.disable()
+    text = io.StringIO()
+    text.write(f"round path, {iters} forwards of {batch} x {seq_len}: {seconds * 1e3:.2f} ms each under cProfile\n")
+    for key in ("tottime", "cumtime"):
+        pstats.Stats(profiler, stream=text).sort_stats(key).print_stats(45)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"host_L{seq_len}_B{batch}.txt").write_text(text.getvalue())
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     from backend.tools.modelgen import QUANTS, SHAPES
@@ -250,6 +268,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", default="")
     p.add_argument("--parts", action="store_true", help="also time each PoC stage alone")
     p.add_argument("--profile", default="", help="directory for torch.profiler tables of PoC and bare")
+    p.add_argument("--host-profile", default="", help="directory for cProfile tables of the round path's host work")
     p.add_argument("--artifacts-out", default="", help="also write the artifacts of --artifact-nonces nonces at "
                    "the largest seq_len here (bench/kernel_paths.py compares paths)")
     p.add_argument("--artifact-nonces", type=int, default=256)
@@ -319,6 +338,8 @@ def main(argv: list[str] | None = None) -> None:
                 parts = llm.collective_rpc(_parts, args=(ids, batch, seq_len, args.iters))[0]
         if args.profile:
             _write_profiles(Path(args.profile), llm, runner, pool, job, seq_len, batch)
+        if args.host_profile:
+            _write_host_profile(Path(args.host_profile), runner, job, batch, args.iters, seq_len)
         flops = flops_per_seq(hf_cfg, seq_len) * batch
         row = {"seq_len": seq_len, "batch": batch, "poc_nonces_per_s": batch / poc_s,
                "bare_nonces_per_s": batch / bare_s, "ratio": statistics.median(round_ratios),

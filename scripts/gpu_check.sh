@@ -11,6 +11,8 @@
 #                                             # staged by scripts/stage_deep_gemm.sh as .stage/p5)
 #   bash scripts/gpu_check.sh poc-paths 0.6b|235b  # PoC, an exclusive round's path and the bare forward, with
 #                                             # --poc-overlap auto (graphs) and off (pipelined: TP > 1's path)
+#   bash scripts/gpu_check.sh poc-host        # the pipelined path at 256 x 32/64 (0.6B): host and device time of
+#                                             # each stage, cProfile tables of the round path (host-bound there)
 #   bash scripts/gpu_check.sh archs [SHAPES]  # the architecture tests on the CUDA engine (default tiny-minimax-m2)
 #   bash scripts/gpu_check.sh bench-serving   # this stack vs `vllm serve`, same install and model
 #   bash scripts/gpu_check.sh bench-serving-rounds [custom-ops]  # the same, both servers up at once (0.4 of the
@@ -104,6 +106,20 @@ config_only() {
 }
 # A call that timed out can leave engine workers (their own session) holding the GPUs into the next call.
 free_gpus() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9 2>/dev/null; sleep 2; }
+# spy LOG SECONDS: once LOG shows bench.rounds' first round, py-spy samples our backend and `vllm serve`, each with
+# its subprocesses, for SECONDS (non-blocking, busy threads only, collapsed stacks by thread) into $out/spy-*.txt.
+spy() {
+  command -v py-spy > /dev/null || { echo "spy: py-spy is not staged (.stage/extra)"; return 0; }
+  for _ in $(seq 900); do grep -q "^round  1 " "$1" 2>/dev/null && break; sleep 1; done
+  local ours vllm
+  ours=$(pgrep -f -- "-m backend --model" | head -1 || true)
+  vllm=$(pgrep -f "vllm.entrypoints.openai.api_server" | head -1 || true)
+  [ -n "$ours" ] && py-spy record --nonblocking --subprocesses --threads -f raw -d "$2" -p "$ours" \
+    -o "$out/spy-ours.txt" > "$out/spy-ours.log" 2>&1 &
+  [ -n "$vllm" ] && py-spy record --nonblocking --subprocesses --threads -f raw -d "$2" -p "$vllm" \
+    -o "$out/spy-vllm.txt" > "$out/spy-vllm.log" 2>&1 &
+  wait
+}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 case "${1:-tests}" in
   tests)  # one device call: SIGINT at ${SUITE_S:-510} s makes pytest stop and still print its summary line
@@ -259,6 +275,16 @@ case "${1:-tests}" in
     done
     free_gpus
     ;;
+  poc-host)  # the 0.6B shape at 256 x 32 and 64 with --poc-overlap off (the pipelined path of TP > 1): each
+              # stage's host and device time (--parts) and cProfile tables of the round path's host work
+    free_gpus
+    timeout --signal=INT "${PTIMEOUT_S:-240}" python3 -m bench.poc_forward --shape qwen3-0.6b --seq-lens 256 \
+      --batches 32 64 --iters 10 --rounds 3 --parts --host-profile "$out/host" --gpu-memory-utilization 0.6 \
+      --engine-arg=--enforce-eager --engine-arg=--kernel-warmup=off --engine-arg=--poc-overlap=off \
+      --json "$out/poc-host.json" > "$out/poc-host.log" 2>&1 || echo "poc-host: exit $?"
+    grep -E "^L=|stage ms|^device|Traceback|Error" "$out/poc-host.log" | cut -c1-700 | tee "$out/poc-host.txt"
+    free_gpus
+    ;;
   archs)  # archs [SHAPE,...]: tests/integration/test_architectures.py on the CUDA engine (default: MiniMax-M2, which
           # vLLM's CPU build cannot run)
     POCSERVE_TEST_ARCHS=${2:-tiny-minimax-m2} timeout --signal=INT "${SUITE_S:-400}" python3 -m pytest -q \
@@ -344,6 +370,9 @@ PY
   soak-collect)
     while pgrep -f "bench.soak" > /dev/null; do sleep 5; done
     cp -r /tmp/soak-out/. "$out/"; tail -30 "$out/run.log"
+    # With POCSERVE_HEAP_PROFILE_S given to soak-start: the engine's heap_profile lines (backend/core/heap_profile.py)
+    work=$(python3 -c "import json; print(json.load(open('$out/soak.json'))['config']['work_dir'])" 2>/dev/null || true)
+    [ -n "$work" ] && grep -h "heap_profile" "$work/backend.log" > "$out/heap_profile.log" 2>/dev/null || true
     ;;
   startup)  # startup [SHAPE...] (default: qwen3-0.6b tiny-moe)
     shift; shapes=("$@"); [ ${#shapes[@]} -eq 0 ] && shapes=(qwen3-0.6b tiny-moe)
@@ -428,7 +457,9 @@ PY
     ;;
   bench-serving-rounds)  # bench-serving-rounds [none|custom-ops]: bench-serving's load, both servers kept up,
                          # rounds A,B,B,A,... (bench/rounds.py); SIGINT at TIMEOUT_S still prints the pairs done.
-                         # EXTRA adds bench.serving flags (e.g. EXTRA="--min-tokens 64": spread lengths, lead (a))
+                         # EXTRA adds bench.serving flags (e.g. EXTRA="--min-tokens 64": spread lengths, lead (a)).
+                         # SPY_S (where py-spy is staged): both servers' processes sampled by py-spy for SPY_S s
+                         # from the first round on (spy-ours.txt, spy-vllm.txt: collapsed stacks, busy samples only)
     control=${2:-none}
     case "$control" in
       none) vflags=() ;;
@@ -436,12 +467,15 @@ PY
       *) echo "bench-serving-rounds: unknown control $control (none, custom-ops)" >&2; exit 2 ;;
     esac
     free_gpus
+    log=$out/serving-rounds-$control.log
+    [ -n "${SPY_S:-}" ] && spy "$log" "$SPY_S" &
     timeout --signal=INT "${TIMEOUT_S:-450}" python3 -m bench.serving --shape qwen3-0.6b \
-      --model-dir models/qwen3-0.6b --num-requests 512 --concurrency 64 --max-tokens 128 --max-num-seqs 256 \
+      --model-dir models/qwen3-0.6b --num-requests "${NREQ:-512}" --concurrency 64 --max-tokens 128 --max-num-seqs 256 \
       --max-num-batched-tokens 8192 --gpu-memory-utilization 0.4 --rounds "${ROUNDS:-6}" --max-warmup-rounds 4 \
       --settle-s 3 "${vflags[@]}" ${EXTRA:-} --device-note "$(nvidia-smi --query-gpu=name --format=csv,noheader)" \
-      --json "$out/serving-rounds-$control.json" 2>&1 | quiet | tail -60 | tee "$out/serving-rounds-$control.txt" \
-      || echo "bench.serving: exit $? (130: cut by TIMEOUT_S)"
+      --json "$out/serving-rounds-$control.json" > "$log" 2>&1 || echo "bench.serving: exit $? (130: cut by TIMEOUT_S)"
+    wait
+    quiet < "$log" | tail -60 | tee "$out/serving-rounds-$control.txt"
     keep_logs "serving-rounds-$control"
     free_gpus
     ;;

@@ -1,0 +1,117 @@
+"""What the engine process's heap holds over time, for finding a leak (off unless POCSERVE_HEAP_PROFILE_S is set).
+
+The soak on a GPU found the engine's glibc heap growing ~5 MB/min despite the trims of heap.py (docs/reliability.md,
+section 4). Two questions tell the causes apart, and this answers both from inside the process:
+- Is the growth live memory or freed memory glibc keeps? glibc's mallinfo2: bytes in use in its arenas, bytes free
+  inside them, bytes in its own mmapped chunks.
+- If live, is it Python's? With POCSERVE_TRACEMALLOC=N (frames per trace) tracemalloc runs from the start, and each
+  profile logs the Python allocation sites that grew most since the first profile (a baseline taken after the
+  first interval, once the warm-up's allocations are in), by traceback. What it does not see is C/C++'s own malloc
+  (torch, CUDA's libraries): live growth without a Python site is theirs.
+
+Every POCSERVE_HEAP_PROFILE_S seconds one `heap_profile` line is logged. tracemalloc costs the whole process: each
+allocation records its traceback (several times slower Python allocations), and a snapshot holds the GIL while it
+walks every trace (~1 s per million). For diagnosis, never for a node at work.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import threading
+import tracemalloc
+
+import structlog
+
+from backend.core.heap import rss_bytes
+
+log = structlog.get_logger(__name__)
+
+# Growth sites logged per profile.
+TOP_SITES = 12
+_MB = 2**20
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _mallinfo2():
+    name = ctypes.util.find_library("c")
+    fn = getattr(ctypes.CDLL(name), "mallinfo2", None) if name else None  # glibc >= 2.33
+    if fn is not None:
+        fn.restype = _MallInfo2
+    return fn
+
+
+def malloc_stats_mb() -> dict[str, float]:
+    """glibc's view of its heap, MB: in use, free but kept, and its mmapped chunks; {} where it has no mallinfo2."""
+    fn = _mallinfo2()
+    if fn is None:
+        return {}
+    info = fn()
+    return {"malloc_in_use_mb": round(info.uordblks / _MB, 1), "malloc_free_mb": round(info.fordblks / _MB, 1),
+            "malloc_mmapped_mb": round(info.hblkhd / _MB, 1)}
+
+
+def growth_sites(now: tracemalloc.Snapshot, baseline: tracemalloc.Snapshot, top: int = TOP_SITES) -> list[dict]:
+    """The allocation sites (by traceback) whose live bytes grew most from `baseline` to `now`."""
+    out = []
+    for stat in now.compare_to(baseline, "traceback")[:top]:
+        if stat.size_diff <= 0:
+            break
+        frames = [f"{f.filename.rsplit('/site-packages/', 1)[-1]}:{f.lineno}" for f in stat.traceback]
+        out.append({"kb": round(stat.size_diff / 1024, 1), "count": stat.count_diff, "at": " < ".join(frames)})
+    return out
+
+
+class HeapProfiler:
+    """Logs `heap_profile` every interval_s (module docstring)."""
+
+    def __init__(self, interval_s: float, frames: int = 0) -> None:
+        self.interval_s = interval_s
+        self.frames = frames
+        self._baseline: tracemalloc.Snapshot | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def from_env(cls, environ=os.environ) -> HeapProfiler | None:
+        interval = float(environ.get("POCSERVE_HEAP_PROFILE_S", "0") or 0)
+        if interval <= 0:
+            return None
+        return cls(interval, int(environ.get("POCSERVE_TRACEMALLOC", "0") or 0))
+
+    def start(self) -> HeapProfiler:
+        if self.frames > 0 and not tracemalloc.is_tracing():
+            tracemalloc.start(self.frames)
+        log.info("heap_profile_on", interval_s=self.interval_s, tracemalloc_frames=self.frames)
+        self._thread = threading.Thread(target=self._run, name="heap-profile", daemon=True)
+        self._thread.start()
+        return self
+
+    def profile(self) -> dict:
+        """One profile: RSS, glibc's figures, and with tracemalloc its traced bytes and the growth sites."""
+        out: dict = {"rss_mb": round(rss_bytes() / _MB, 1), **malloc_stats_mb()}
+        if tracemalloc.is_tracing():
+            current, _ = tracemalloc.get_traced_memory()
+            out["python_traced_mb"] = round(current / _MB, 1)
+            out["tracemalloc_own_mb"] = round(tracemalloc.get_tracemalloc_memory() / _MB, 1)
+            snapshot = tracemalloc.take_snapshot().filter_traces(
+                [tracemalloc.Filter(False, tracemalloc.__file__)])
+            if self._baseline is None:
+                self._baseline = snapshot
+            else:
+                out["grew"] = growth_sites(snapshot, self._baseline)
+        return out
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            log.info("heap_profile", **self.profile())
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
