@@ -13,13 +13,18 @@ The torch code in poc/rng.py and poc/transforms.py is the definition; these kern
 Both launch with enable_fp_fusion=False: Triton otherwise contracts x − (2·dot)·v into one FMA and skips the
 rounding of the product, which changed about 5% of the reflected bf16 values.
 
-Used only for CUDA tensors when Triton imports (`available()`); POCSERVE_POC_TRITON=0 turns them off.
+Used only for CUDA tensors when Triton imports (`available()`); POCSERVE_POC_TRITON=0 turns them off. The
+reflection's launches after a shape's first skip Triton's per-call work (`DirectLaunch`); POCSERVE_POC_TRITON_DIRECT=0
+keeps every launch on Triton's own path.
 """
 
 import functools
+import logging
 import os
 
 import torch
+
+log = logging.getLogger(__name__)
 
 MAX_FUSED_HIDDEN = 16384
 
@@ -108,6 +113,80 @@ if triton is not None:
             _reflect_row(b_ptr, v_ptr, out_b_ptr, pid - num_rows, num_cols, BLOCK)
 
 
+def _int_class(value: int) -> tuple[bool, bool, bool]:
+    """What Triton specialises an integer argument on: equal to 1, a multiple of 16, fits in 32 bits."""
+    return value == 1, value % 16 == 0, -(2**31) <= value < 2**31
+
+
+def _tensor_class(t: torch.Tensor) -> tuple:
+    """What Triton specialises a tensor argument on: its dtype and the 16-byte alignment of its address."""
+    return t.dtype, t.data_ptr() % 16 == 0
+
+
+class DirectLaunch:
+    """Launches of one @triton.jit kernel that skip Triton's per-call work after a specialisation's first.
+
+    Why: JITFunction.run binds the arguments, computes their specialisation and cache key, checks globals and
+    parses the options on every call, then calls the compiled kernel's launcher. On an H200 host that was ~60 us of
+    the ~95 us a layer's reflection hook cost the engine thread (bench.poc_forward --host-profile, 2026-12-02), and
+    the eager PoC forward (every TP > 1 node's, and any forward paced beside chat) launches one per layer.
+
+    How: the first launch of a key goes through Triton, which returns the CompiledKernel it ran; the key holds
+    everything Triton specialises these kernels on (dtypes, each pointer's 16-byte alignment, each integer's
+    class). Later launches with that key call the kernel's launcher exactly as JITFunction.run does (Triton
+    3.4-3.6: `kernel.run(grid, stream, function, packed metadata, launch metadata, hooks, *args)`), so the same
+    machine code runs on the same arguments. Once per key the direct launch is checked against Triton's own, bit
+    for bit, into scratch outputs (one sync); any difference or error turns the direct path off for the process.
+    """
+
+    def __init__(self, kernel, outputs: tuple[int, ...], **options) -> None:
+        self.kernel, self.outputs, self.options = kernel, outputs, options
+        self._compiled: dict[tuple, object] = {}
+        self.off_reason: str | None = None
+        knobs = getattr(triton, "knobs", None)
+        if os.environ.get("POCSERVE_POC_TRITON_DIRECT", "1") == "0":
+            self.off_reason = "POCSERVE_POC_TRITON_DIRECT=0"
+        elif knobs is None or not hasattr(getattr(knobs, "runtime", None), "launch_enter_hook"):
+            self.off_reason = f"triton {getattr(triton, '__version__', '?')} has no knobs.runtime (before 3.4)"
+
+    def __call__(self, key: tuple, grid: tuple[int, ...], *args) -> None:
+        compiled = self._compiled.get(key)
+        if compiled is not None and self.off_reason is None:
+            self._run(compiled, grid, args)
+            return
+        compiled = self.kernel[grid](*args, **self.options)
+        if self.off_reason is None and key not in self._compiled:
+            self._check(key, compiled, grid, args)
+
+    @staticmethod
+    def _run(compiled, grid: tuple[int, ...], args: tuple) -> None:
+        from triton.runtime.driver import driver
+        stream = driver.active.get_current_stream(driver.active.get_current_device())
+        g0, g1, g2 = (*grid, 1, 1)[:3]
+        hooks = triton.knobs.runtime
+        compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata,
+                     compiled.launch_metadata(grid, stream, *args), hooks.launch_enter_hook,
+                     hooks.launch_exit_hook, *args)
+
+    def _check(self, key: tuple, compiled, grid: tuple[int, ...], args: tuple) -> None:
+        """The direct launch of `compiled` into fresh outputs equals Triton's launch just made; kept if so."""
+        try:
+            scratch, fresh = list(args), {}
+            for i in self.outputs:  # an output passed twice (reflect_rows: out_b is out_a) stays one tensor
+                scratch[i] = fresh.setdefault(id(args[i]), torch.empty_like(args[i]))
+            self._run(compiled, grid, tuple(scratch))
+            same = all(torch.equal(args[i], scratch[i]) for i in self.outputs)  # syncs: once per key
+        except Exception as e:  # an API this launcher does not know: Triton's own path from now on
+            same, why = False, f"{type(e).__name__}: {e}"[:200]
+        else:
+            why = "its outputs differ from Triton's own launch"
+        if same:
+            self._compiled[key] = compiled
+        else:
+            self.off_reason = why
+            log.warning("poc_triton_direct_off: %s", why)
+
+
 def normal_into(out: torch.Tensor, seeds: torch.Tensor, two_pi: float, u1_min: float) -> torch.Tensor:
     """out [S, n] (rows may be strided, columns contiguous) ← normal(seed_s, n), as rng.normal_into."""
     num_rows, n = out.shape
@@ -141,11 +220,26 @@ def reflect_pair(a: torch.Tensor, b: torch.Tensor, v: torch.Tensor) -> tuple[tor
     a reflection costs; one launch per layer instead of four torch ops per tensor keeps it off the critical path.
     """
     h = a.shape[-1]
-    v = v.to(device=a.device, dtype=a.dtype)
+    if v.dtype != a.dtype or v.device != a.device:
+        v = v.to(device=a.device, dtype=a.dtype)
     rows = a.numel() // h
     out_a = torch.empty_like(a)
-    out_b = out_a if b is a else torch.empty_like(b)
+    same = b is a
+    out_b = out_a if same else torch.empty_like(b)
     if rows:
-        reflect_pair_kernel[(rows if b is a else 2 * rows,)](
-            a, b, v, out_a, out_b, rows, h, BLOCK=triton.next_power_of_2(h), enable_fp_fusion=False)
+        block = _next_power_of_2(h)
+        key = (same, _tensor_class(a), _tensor_class(b), _tensor_class(v), _tensor_class(out_a),
+               _tensor_class(out_b), _int_class(rows), _int_class(h), block)
+        _reflect_pair_launch()(key, (rows if same else 2 * rows,), a, b, v, out_a, out_b, rows, h, block)
     return out_a, out_b
+
+
+@functools.cache
+def _next_power_of_2(n: int) -> int:
+    return triton.next_power_of_2(n)
+
+
+@functools.cache
+def _reflect_pair_launch() -> DirectLaunch:
+    # The outputs (out_a, out_b) are arguments 3 and 4. With a == b the kernel writes out_a only (out_b is it).
+    return DirectLaunch(reflect_pair_kernel, outputs=(3, 4), enable_fp_fusion=False)

@@ -13,6 +13,7 @@
 #                                             # --poc-overlap auto (graphs) and off (pipelined: TP > 1's path)
 #   bash scripts/gpu_check.sh poc-host        # the pipelined path at 256 x 32/64 (0.6B): host and device time of
 #                                             # each stage, cProfile tables of the round path (host-bound there)
+#   bash scripts/gpu_check.sh engine-step     # host work per engine step: ours vs LLMEngine.step (0.6B)
 #   bash scripts/gpu_check.sh archs [SHAPES]  # the architecture tests on the CUDA engine (default tiny-minimax-m2)
 #   bash scripts/gpu_check.sh bench-serving   # this stack vs `vllm serve`, same install and model
 #   bash scripts/gpu_check.sh bench-serving-rounds [custom-ops]  # the same, both servers up at once (0.4 of the
@@ -62,7 +63,7 @@ out=${OUT:-gpu-out}
 mkdir -p "$out"
 bash .stage/p1/install.sh
 [ -d .stage/extra ] && python3 -m pip install -q --no-index --no-deps --target /tmp/site .stage/extra/*.whl 2>&1 | grep -v "already exists" || true
-export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH  # py-spy, where staged in .stage/extra
+export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PWD/.stage/extra/bin:$PATH  # py-spy, where staged in .stage/extra
 # These machines set PYTHONDONTWRITEBYTECODE=1, so every process compiled vLLM's and torch's sources again on
 # import: 21-24 s of a 35 s start (a node's image has them compiled). The first process here writes them.
 unset PYTHONDONTWRITEBYTECODE
@@ -282,7 +283,20 @@ case "${1:-tests}" in
       --batches 32 64 --iters 10 --rounds 3 --parts --host-profile "$out/host" --gpu-memory-utilization 0.6 \
       --engine-arg=--enforce-eager --engine-arg=--kernel-warmup=off --engine-arg=--poc-overlap=off \
       --json "$out/poc-host.json" > "$out/poc-host.log" 2>&1 || echo "poc-host: exit $?"
-    grep -E "^L=|stage ms|^device|Traceback|Error" "$out/poc-host.log" | cut -c1-700 | tee "$out/poc-host.txt"
+    grep -E "^L=|stage ms|^device|Traceback|Error|poc_triton_direct" "$out/poc-host.log" | cut -c1-700 \
+      | tee "$out/poc-host.txt"
+    python3 -m bench.triton_launch 2>&1 | tail -3 | tee -a "$out/poc-host.txt"
+    python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/unit/test_poc_cuda.py 2>&1 | tail -3 \
+      | tee -a "$out/poc-host.txt"
+    ;;
+  engine-step)  # bench.engine_step on the 0.6B shape: host work per engine step outside the model, this backend's
+                # engine loop against vLLM's own LLMEngine.step (ENGINE_STEP="REQUESTS TOKENS", default 64 128)
+    read -r esr est <<< "${ENGINE_STEP:-64 128}"
+    free_gpus
+    timeout --signal=INT "${TIMEOUT_S:-400}" python3 -m bench.engine_step --model-dir models/qwen3-0.6b \
+      --shape qwen3-0.6b --requests "$esr" --tokens "$est" --json "$out/engine-step.json" -- \
+      --gpu-memory-utilization 0.4 --max-model-len 2048 > "$out/engine-step.log" 2>&1 || echo "engine-step: exit $?"
+    quiet < "$out/engine-step.log" | tail -25 | tee "$out/engine-step.txt"
     free_gpus
     ;;
   archs)  # archs [SHAPE,...]: tests/integration/test_architectures.py on the CUDA engine (default: MiniMax-M2, which

@@ -150,3 +150,31 @@ def test_cuda_fused_reflection_matches_torch_path(dtype):
     if dtype == torch.bfloat16:
         assert torch.equal(fused, plain)  # the models' dtype: bit-equal on an H100
     assert rows_equal > 0.95
+
+
+def test_direct_launches_equal_tritons_own():
+    """poc/cuda_kernels.py DirectLaunch: a shape's launches after its first skip Triton's per-call work and give
+    the same bits, also for another alignment (a key of its own) and for a pair whose outputs alias (reflect_rows)."""
+    from poc import cuda_kernels
+    from poc.cuda_kernels import reflect_pair, reflect_rows
+    launch = cuda_kernels._reflect_pair_launch()
+    g = torch.Generator(device=CUDA).manual_seed(1)
+    x = (torch.randn(256, 1024, device=CUDA, generator=g) * 3).to(torch.bfloat16)
+    r = (torch.randn(256, 1024, device=CUDA, generator=g) * 3).to(torch.bfloat16)
+    v = householder_vectors(BH, 2, 1024, CUDA)[1].to(torch.bfloat16)
+    first = reflect_pair(x, r, v)
+    keys = len(launch._compiled)
+    later = [reflect_pair(x, r, v) for _ in range(3)]
+    assert launch.off_reason is None and len(launch._compiled) == max(keys, 1)
+    for pair in later:
+        assert torch.equal(pair[0], first[0]) and torch.equal(pair[1], first[1])
+    single = [reflect_rows(x, v) for _ in range(3)]
+    assert all(torch.equal(s, first[0]) for s in single) and launch.off_reason is None
+    buf = torch.empty(256 * 1024 + 1, device=CUDA, dtype=torch.bfloat16)
+    shifted = buf[1:].view(256, 1024)  # 2 bytes past a 16-byte boundary: Triton compiles another specialisation
+    shifted.copy_(x)
+    assert shifted.data_ptr() % 16 != 0
+    for _ in range(3):
+        a, b = reflect_pair(shifted, r, v)
+        assert torch.equal(a, first[0]) and torch.equal(b, first[1])
+    assert launch.off_reason is None
