@@ -62,7 +62,7 @@ cd "$(dirname "$0")/.."
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 bash .stage/p1/install.sh
-[ -d .stage/extra ] && python3 -m pip install -q --no-index --no-deps --target /tmp/site .stage/extra/*.whl 2>&1 | grep -v "already exists" || true
+compgen -G ".stage/extra/*.whl" > /dev/null && python3 -m pip install -q --no-index --no-deps --target /tmp/site .stage/extra/*.whl 2>&1 | grep -v "already exists" || true
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PWD/.stage/extra/bin:$PATH  # py-spy, where staged in .stage/extra
 # These machines set PYTHONDONTWRITEBYTECODE=1, so every process compiled vLLM's and torch's sources again on
 # import: 21-24 s of a 35 s start (a node's image has them compiled). The first process here writes them.
@@ -113,7 +113,7 @@ spy() {
   command -v py-spy > /dev/null || { echo "spy: py-spy is not staged (.stage/extra)"; return 0; }
   for _ in $(seq 900); do grep -q "^round  1 " "$1" 2>/dev/null && break; sleep 1; done
   local ours vllm
-  ours=$(pgrep -f -- "-m backend --model" | head -1 || true)
+  ours=$(pgrep -f "^pocserve-backend" | head -1 || true)  # its title (common/process.py set_title)
   vllm=$(pgrep -f "vllm.entrypoints.openai.api_server" | head -1 || true)
   [ -n "$ours" ] && py-spy record --nonblocking --subprocesses --threads -f raw -d "$2" -p "$ours" \
     -o "$out/spy-ours.txt" > "$out/spy-ours.log" 2>&1 &
