@@ -171,7 +171,8 @@ class DirectLaunch:
     def _check(self, key: tuple, compiled, grid: tuple[int, ...], args: tuple) -> None:
         """The direct launch of `compiled` into fresh outputs equals Triton's launch just made; kept if so."""
         try:
-            scratch, fresh = list(args), {}
+            scratch = list(args)
+            fresh: dict[int, torch.Tensor] = {}
             for i in self.outputs:  # an output passed twice (reflect_rows: out_b is out_a) stays one tensor
                 scratch[i] = fresh.setdefault(id(args[i]), torch.empty_like(args[i]))
             self._run(compiled, grid, tuple(scratch))
