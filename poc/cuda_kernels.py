@@ -127,9 +127,10 @@ class DirectLaunch:
     """Launches of one @triton.jit kernel that skip Triton's per-call work after a specialisation's first.
 
     Why: JITFunction.run binds the arguments, computes their specialisation and cache key, checks globals and
-    parses the options on every call, then calls the compiled kernel's launcher. On an H200 host that was ~60 us of
-    the ~95 us a layer's reflection hook cost the engine thread (bench.poc_forward --host-profile, 2026-12-02), and
-    the eager PoC forward (every TP > 1 node's, and any forward paced beside chat) launches one per layer.
+    parses the options on every call, then calls the compiled kernel's launcher; the eager PoC forward (every TP > 1
+    node's, and any forward paced beside chat) launches one per layer from the engine thread. On an H200 host a
+    launch took 20.2 us of host time that way and 15.0 directly (bench/triton_launch.py, docs/benchmarks-history.md,
+    2026-12-02 night).
 
     How: the first launch of a key goes through Triton, which returns the CompiledKernel it ran; the key holds
     everything Triton specialises these kernels on (dtypes, each pointer's 16-byte alignment, each integer's
@@ -137,6 +138,8 @@ class DirectLaunch:
     3.4-3.6: `kernel.run(grid, stream, function, packed metadata, launch metadata, hooks, *args)`), so the same
     machine code runs on the same arguments. Once per key the direct launch is checked against Triton's own, bit
     for bit, into scratch outputs (one sync); any difference or error turns the direct path off for the process.
+    Never while a CUDA graph is being captured (graphs.py): a sync there would end the capture, so a key first met
+    inside one goes through Triton's path until it is met outside.
     """
 
     def __init__(self, kernel, outputs: tuple[int, ...], **options) -> None:
@@ -155,7 +158,7 @@ class DirectLaunch:
             self._run(compiled, grid, args)
             return
         compiled = self.kernel[grid](*args, **self.options)
-        if self.off_reason is None and key not in self._compiled:
+        if self.off_reason is None and key not in self._compiled and not torch.cuda.is_current_stream_capturing():
             self._check(key, compiled, grid, args)
 
     @staticmethod
