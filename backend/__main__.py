@@ -34,7 +34,7 @@ from backend.transport.peers import PeerTable
 from backend.transport.server import LINK, SocketServer, shut_down
 from common.config import SettingsError
 from common.logs import configure_logging, process_uptime_s
-from common.process import REFUSED, refuse, set_title
+from common.process import REFUSED, freeze_startup_heap, refuse, set_title
 from protocol.control import DeadEvent
 from protocol.processor import EngineBuilt
 
@@ -169,7 +169,8 @@ def serve(settings: BackendSettings) -> int:
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
-        log.info("backend_serving", address=settings.address, model=settings.vllm.served_names[0])
+        log.info("backend_serving", address=settings.address, model=settings.vllm.served_names[0],
+                 heap_frozen_objects=freeze_startup_heap())
         loop.run()
         return 0
     except SettingsError as e:  # found once the engine was built (vLLM's own checks, a model without layers)

@@ -5,6 +5,11 @@
 - `die_with_parent` / `die_with_parent_hook`: Linux's parent-death signal (PR_SET_PDEATHSIG), so a child whose
   parent was killed outright (SIGKILL runs none of the parent's cleanup) does not outlive it. Elsewhere both are
   no-ops: the parents still stop their children on every exit path they control.
+- `freeze_startup_heap`: once a process is ready, what its start-up allocated (vLLM's modules and configs, the
+  tokenizer, FastAPI's routes) moves out of the garbage collector's sight, as vLLM does for its own engine core and
+  API server (vllm/utils/gc_utils.py `freeze_gc_heap`). Unfrozen, every full collection walked it all: the engine
+  process's took 586-598 ms beside a busy loop on 2 cores, and a request of many messages triggers one, so every
+  stream stalled that long (docs/reliability.md, section 8).
 - `refuse`: bad input found at start is one line on stderr, "prog: what is wrong", and exit status 2, which the
   ML node's supervisor and ours read as "do not restart, fix the command line".
 """
@@ -12,6 +17,7 @@
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import signal
 import sys
@@ -60,6 +66,13 @@ def die_with_parent_hook() -> Callable[[], None] | None:
             os._exit(1)
 
     return hook
+
+
+def freeze_startup_heap() -> int:
+    """Collects once, then freezes every object tracked so far; the number frozen."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 def refuse(prog: str, error: object) -> int:

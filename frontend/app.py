@@ -5,8 +5,10 @@ from __future__ import annotations
 import time
 from contextlib import asynccontextmanager
 
+import structlog
 from fastapi import FastAPI
 
+from common.process import freeze_startup_heap
 from frontend.auth import BearerGuard
 from frontend.backend_client import BackendClient
 from frontend.body import BodyWorker
@@ -108,6 +110,7 @@ def create_app(settings: FrontendSettings) -> FastAPI:
         app.state.token_format = TokenFormat(as_ids=settings.logprob_token_format == "ids")
         app.state.body_worker.start()
         await client.start()
+        structlog.get_logger(__name__).info("frontend_started", heap_frozen_objects=freeze_startup_heap())
         try:
             yield
         finally:

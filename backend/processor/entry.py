@@ -6,7 +6,7 @@ import os
 import signal
 
 from backend.startup.settings import BackendSettings
-from common.process import die_with_parent, set_title
+from common.process import die_with_parent, freeze_startup_heap, set_title
 
 
 def run_processor(settings: BackendSettings, link_address: str) -> None:
@@ -33,5 +33,6 @@ def run_processor(settings: BackendSettings, link_address: str) -> None:
     ctx = zmq.Context()
     link = make_socket(ctx, zmq.PAIR)
     link.connect(link_address)
-    structlog.get_logger(__name__).info("processor_ready", pid=os.getpid(), uptime_s=process_uptime_s(), **phases_s)
+    structlog.get_logger(__name__).info("processor_ready", pid=os.getpid(), uptime_s=process_uptime_s(),
+                                        heap_frozen_objects=freeze_startup_heap(), **phases_s)
     Processor(ctx, link, preparer, presenter, tokenizing).run(ready)
