@@ -1,4 +1,4 @@
-"""Fused CUDA (Triton) versions of the two PoC hot loops, value-for-value equal to the torch reference.
+"""Fused CUDA (Triton) versions of the PoC hot loops, value-for-value equal to the torch reference.
 
 The torch code in poc/rng.py and poc/transforms.py is the definition; these kernels only fuse it:
 - `normal_into`: murmur3 → uniforms → Box–Muller → cast, one kernel instead of ~70 full-size int64 passes
@@ -9,8 +9,10 @@ The torch code in poc/rng.py and poc/transforms.py is the definition; these kern
   with the reference's roundings (product, dot, 2·dot·v and the difference each rounded to the activation
   dtype). Only the fp32 summation order inside the dot differs from torch's reduction, as it does between any
   two GPUs' reductions, so a dot can differ in its last bit (seen for fp16, never for bf16 on an H100).
+- `reflect_add_rms_norm`: the reflection of a layer's output pair fused into the next layer's add + RMSNorm
+  (poc/transforms.py reflect_add_rms_norm_torch is its definition): the reflected values are `reflect_rows`' own.
 
-Both launch with enable_fp_fusion=False: Triton otherwise contracts x − (2·dot)·v into one FMA and skips the
+All launch with enable_fp_fusion=False: Triton otherwise contracts x − (2·dot)·v into one FMA and skips the
 rounding of the product, which changed about 5% of the reflected bf16 values.
 
 Used only for CUDA tensors when Triton imports (`available()`); POCSERVE_POC_TRITON=0 turns them off. The
@@ -91,17 +93,22 @@ if triton is not None:
                  mask=mask & (sin_col < n))
 
     @triton.jit
+    def _reflected(x, v, dtype: tl.constexpr):
+        """x − 2(x·v)v of one row (x, v: fp32 holding activation-dtype values), in the activation dtype."""
+        prod = (x * v).to(dtype).to(tl.float32)             # torch: x * v in the activation dtype
+        dot = tl.sum(prod, axis=0).to(dtype).to(tl.float32)  # .sum(): fp32 accumulation, one rounding
+        scaled = (dot * 2.0).to(dtype).to(tl.float32)        # 2 * dot
+        update = (scaled * v).to(dtype).to(tl.float32)       # (2·dot) * v
+        return (x - update).to(dtype)
+
+    @triton.jit
     def _reflect_row(x_ptr, v_ptr, out_ptr, row, num_cols, BLOCK: tl.constexpr):
         cols = tl.arange(0, BLOCK)
         mask = cols < num_cols
         dtype = out_ptr.dtype.element_ty
         x = tl.load(x_ptr + row * num_cols + cols, mask=mask, other=0.0).to(tl.float32)
         v = tl.load(v_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        prod = (x * v).to(dtype).to(tl.float32)             # torch: x * v in the activation dtype
-        dot = tl.sum(prod, axis=0).to(dtype).to(tl.float32)  # .sum(): fp32 accumulation, one rounding
-        scaled = (dot * 2.0).to(dtype).to(tl.float32)        # 2 * dot
-        update = (scaled * v).to(dtype).to(tl.float32)       # (2·dot) * v
-        tl.store(out_ptr + row * num_cols + cols, (x - update).to(dtype), mask=mask)
+        tl.store(out_ptr + row * num_cols + cols, _reflected(x, v, dtype), mask=mask)
 
     @triton.jit
     def reflect_pair_kernel(a_ptr, b_ptr, v_ptr, out_a_ptr, out_b_ptr, num_rows, num_cols, BLOCK: tl.constexpr):
@@ -111,6 +118,27 @@ if triton is not None:
             _reflect_row(a_ptr, v_ptr, out_a_ptr, pid, num_cols, BLOCK)
         else:
             _reflect_row(b_ptr, v_ptr, out_b_ptr, pid - num_rows, num_cols, BLOCK)
+
+
+    @triton.jit
+    def reflect_add_norm_kernel(h_ptr, r_ptr, v_ptr, w_ptr, out_ptr, res_ptr, num_cols, eps, BLOCK: tl.constexpr):
+        """One row of a layer's output pair reflected (as _reflect_row) and then vLLM's fused_add_rms_norm CUDA
+        kernel on it (csrc/layernorm_kernels.cu): z = h + r rounded to the dtype is the new residual; the output is
+        (z·rsqrt(Σz²/H + eps)) rounded, times the weight, rounded."""
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < num_cols
+        dtype = out_ptr.dtype.element_ty
+        at = row * num_cols + cols
+        v = tl.load(v_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        h = _reflected(tl.load(h_ptr + at, mask=mask, other=0.0).to(tl.float32), v, dtype).to(tl.float32)
+        r = _reflected(tl.load(r_ptr + at, mask=mask, other=0.0).to(tl.float32), v, dtype).to(tl.float32)
+        z = (h + r).to(dtype)
+        tl.store(res_ptr + at, z, mask=mask)
+        zf = z.to(tl.float32)
+        inv = tl.math.rsqrt(tl.sum(zf * zf, axis=0) / num_cols + eps)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + at, ((zf * inv).to(dtype).to(tl.float32) * w).to(dtype), mask=mask)
 
 
 def _int_class(value: int) -> tuple[bool, bool, bool]:
@@ -238,6 +266,35 @@ def reflect_pair(a: torch.Tensor, b: torch.Tensor, v: torch.Tensor) -> tuple[tor
     return out_a, out_b
 
 
+def can_reflect_into_norm(hidden: torch.Tensor, residual: torch.Tensor, v: torch.Tensor,
+                          weight: torch.Tensor) -> bool:
+    """reflect_add_rms_norm takes these: a layer's output pair and the next norm's weight, all of one dtype."""
+    return (can_reflect_rows(hidden, v) and residual.shape == hidden.shape and residual.is_contiguous()
+            and residual.dtype == hidden.dtype == weight.dtype == v.dtype and residual.device == hidden.device
+            and weight.shape == v.shape and weight.is_contiguous() and v.is_contiguous())
+
+
+def reflect_add_rms_norm(hidden: torch.Tensor, residual: torch.Tensor, v: torch.Tensor, weight: torch.Tensor,
+                         eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer's output pair reflected with v, then the next layer's fused add + RMSNorm, in one pass: (normed,
+    new residual), as reflect_pair followed by vLLM's fused_add_rms_norm (see can_reflect_into_norm).
+
+    Why: the reflection alone reads and writes both tensors once more per layer (2-3% of a forward at memory
+    speed, all of what PoC then costs over the bare forward); here it rides on the norm's own pass. The
+    reflected values are reflect_pair's bit for bit; the norm's fp32 sum of squares is reduced in another order
+    than vLLM's, so an output can differ from vLLM's kernel in its last bit."""
+    h = hidden.shape[-1]
+    rows = hidden.numel() // h
+    out, new_residual = torch.empty_like(hidden), torch.empty_like(residual)
+    if rows:
+        block = _next_power_of_2(h)
+        key = (_tensor_class(hidden), _tensor_class(residual), _tensor_class(v), _tensor_class(weight),
+               _tensor_class(out), _tensor_class(new_residual), _int_class(h), block)
+        _reflect_norm_launch(min(max(block // 256, 1), 8))(key, (rows,), hidden, residual, v, weight, out,
+                                                            new_residual, h, float(eps), block)
+    return out, new_residual
+
+
 @functools.cache
 def _next_power_of_2(n: int) -> int:
     return triton.next_power_of_2(n)
@@ -247,3 +304,9 @@ def _next_power_of_2(n: int) -> int:
 def _reflect_pair_launch() -> DirectLaunch:
     # The outputs (out_a, out_b) are arguments 3 and 4. With a == b the kernel writes out_a only (out_b is it).
     return DirectLaunch(reflect_pair_kernel, outputs=(3, 4), enable_fp_fusion=False)
+
+
+@functools.cache
+def _reflect_norm_launch(num_warps: int) -> DirectLaunch:
+    # Outputs (out, new residual) are arguments 4 and 5; the warps as Triton's own layer-norm example picks them.
+    return DirectLaunch(reflect_add_norm_kernel, outputs=(4, 5), enable_fp_fusion=False, num_warps=num_warps)

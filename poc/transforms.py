@@ -39,6 +39,17 @@ def reflect_torch(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return x - 2 * dot * v
 
 
+def reflect_add_rms_norm_torch(hidden: torch.Tensor, residual: torch.Tensor, v: torch.Tensor, weight: torch.Tensor,
+                               eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both of a layer's outputs reflected, then the next layer's fused add + RMSNorm as vLLM's CUDA kernel rounds
+    it (the sum rounded to the dtype is the new residual; the fp32 sum of its squares gives the scale; the scaled
+    value is rounded before the weight multiplies it): the definition cuda_kernels.reflect_add_rms_norm fuses."""
+    z = reflect_torch(hidden, v) + reflect_torch(residual, v)
+    zf = z.float()
+    inv = torch.rsqrt(zf.pow(2).sum(dim=-1, keepdim=True) / zf.shape[-1] + eps)
+    return (zf * inv).to(z.dtype) * weight.to(z.dtype), z
+
+
 def normalize_rows(x: torch.Tensor, eps: float = NORM_EPS) -> torch.Tensor:
     """x / (‖x‖₂ + eps) per row; the epsilon is added to the norm, not to the squared norm."""
     return x / (x.norm(dim=-1, keepdim=True) + eps)

@@ -38,6 +38,8 @@
 #   bash scripts/gpu_check.sh poc-parts N Q   # the qwen3-235b-a22b shape at N layers, Q none|fp8: PoC vs bare at
 #                                             # B=32 and 64 with each stage's time and profiler tables
 #   bash scripts/gpu_check.sh moe-golden      # the 235B slice's artifacts vs the CPU engine's golden file
+#   bash scripts/gpu_check.sh fused-norm      # the reflection fused into the next norm: tests/unit/test_poc_cuda.py,
+#                                             # then poc-paths 0.6b's points with POCSERVE_POC_FUSED_NORM=1 and 0
 #   bash scripts/gpu_check.sh full-scale      # the 235B model whole (94 layers, dummy weights) at TP=4 through
 #                                             # bench.network_launch (FULL="LAYERS TP QUANT CONFIG EXTRA")
 #   bash scripts/gpu_check.sh full-poc        # the same model: PoC vs the bare forward at TP=4, peak memory per
@@ -404,6 +406,44 @@ PY
       --seq-lens 1024 --batches 32 64 --iters 5 --gpu-memory-utilization 0.8 --parts \
       --profile "$out/profile-$quant-${layers}l" --json "$out/poc-parts-$quant-${layers}l.json" 2>&1 | quiet \
       | grep -E "^L=|^device|stage ms|Error" | tee -a "$out/poc-parts.txt"
+    ;;
+  fused-norm)  # A/B in one call: each --poc-overlap mode with the fusion on and off, back to back
+    python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/unit/test_poc_cuda.py -s 2>&1 | quiet \
+      | grep -E "passed|failed|error|equal|Error|assert|H=" | tail -30 | tee "$out/fused-norm.txt"
+    grep -q " failed\| error" "$out/fused-norm.txt" && exit 1
+    # FUSED_ORDER: the settings in turn (a repeat gets its own files); FUSED_MODES; FUSED_POINTS (bench.poc_forward's
+    # --seq-lens/--batches); FUSED_PARTS=1 adds --parts (each stage's host and device time).
+    read -ra points <<< "${FUSED_POINTS:---seq-lens 256 1024 --batches 32 64}"
+    parts=(); [ "${FUSED_PARTS:-0}" = 1 ] && parts=(--parts)
+    for mode in ${FUSED_MODES:-auto off}; do
+      run=0
+      for fused in ${FUSED_ORDER:-1 0}; do
+        free_gpus
+        run=$((run + 1)); tag="$fused-$mode-$run"
+        POCSERVE_POC_FUSED_NORM=$fused timeout --signal=INT "${PTIMEOUT_S:-130}" python3 -m bench.poc_forward \
+          --shape qwen3-0.6b "${points[@]}" --iters 10 --rounds 3 "${parts[@]}" \
+          --gpu-memory-utilization 0.6 --engine-arg=--enforce-eager --engine-arg=--kernel-warmup=off \
+          --engine-arg=--poc-overlap="$mode" --json "$out/fused-$tag.json" > "$out/fused-$tag.log" \
+          2>&1 || echo "fused-norm $tag: exit $?"
+        echo "== POCSERVE_POC_FUSED_NORM=$fused, --poc-overlap $mode (run $run)" | tee -a "$out/fused-norm.txt"
+        grep -E "^L=|stage ms|^device|Traceback|Error" "$out/fused-$tag.log" | cut -c1-700 | tee -a "$out/fused-norm.txt"
+      done
+    done
+    # FUSED_ARTIFACTS=1 (default): 256 nonces at 1024 with the fusion on and off, then their L2 and the
+    # validator's verdict each way (bench/kernel_paths.py): what the norm's other summation order changes.
+    if [ "${FUSED_ARTIFACTS:-1}" = 1 ]; then
+      aout=/tmp/fused-artifacts; mkdir -p "$aout"
+      for fused in 0 1; do
+        free_gpus
+        POCSERVE_POC_FUSED_NORM=$fused timeout --signal=INT "${PTIMEOUT_S:-130}" python3 -m bench.poc_forward \
+          --shape qwen3-0.6b --seq-lens 1024 --batches 32 --iters 1 --rounds 1 --gpu-memory-utilization 0.6 \
+          --engine-arg=--enforce-eager --engine-arg=--kernel-warmup=off --artifacts-out "$aout/kernels-fused$fused.json" \
+          > "$out/fused-artifacts-$fused.log" 2>&1 || echo "fused-norm artifacts $fused: exit $?"
+      done
+      python3 -m bench.kernel_paths "$aout"/kernels-fused*.json --reference fused0 --json "$out/fused-pairs.json" \
+        2>&1 | tee -a "$out/fused-norm.txt"
+    fi
+    free_gpus
     ;;
   moe-golden)
     python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/gpu/test_gpu_artifacts.py -k large -s \

@@ -43,7 +43,7 @@ class Graphs(PocGraphs):
         super().__init__()
         self.fail, self.captures = fail, 0
 
-    def _capture(self, worker, block_ids, num_seqs, seq_len, fill_inputs, vectors, reflect) -> Captured:
+    def _capture(self, worker, block_ids, num_seqs, seq_len, fill_inputs, vectors) -> Captured:
         if self.fail is not None:
             raise self.fail
         self.captures += 1
@@ -56,7 +56,7 @@ class Graphs(PocGraphs):
 def _launch(g: PocGraphs, key=("beside", B, L), block_ids=(1, 2, 3, 4), value: float = 1.0):
     def fill(out: torch.Tensor) -> torch.Tensor:
         return out.fill_(value)
-    return g.launch(key, None, list(block_ids), fill, torch.full((LAYERS, H), value), reflect=None)
+    return g.launch(key, None, list(block_ids), fill, torch.full((LAYERS, H), value))
 
 
 def test_a_shape_runs_eager_for_its_warm_up_then_from_its_graph():
@@ -113,7 +113,7 @@ def test_a_replay_rewrites_inputs_vectors_and_only_changed_block_tables(monkeypa
 
     def launch(block_ids, value):
         g.launch(("beside", B, L), worker, block_ids, lambda out: out.fill_(value),
-                 torch.full((LAYERS, H), value), reflect=None)
+                 torch.full((LAYERS, H), value))
 
     launch([1, 2, 3, 4], 2.0)  # the blocks it was captured on: tables untouched
     assert asked == [] and bool((captured.x == 2.0).all()) and bool((captured.vectors == 2.0).all())

@@ -11,7 +11,8 @@ import torch
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, MLAAttentionSpec, SlidingWindowSpec
 
 from backend.engine.poc import PocRunner
-from backend.engine.pocworker.forward import is_layerwise, layout_problem
+from backend.engine.pocworker.forward import layout_problem
+from backend.engine.pocworker.hooks import is_layerwise
 from common.config import SettingsError
 from tests.unit.test_poc_runner import BLOCK_SIZE, FakeCore
 

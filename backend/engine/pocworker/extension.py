@@ -26,7 +26,7 @@ import torch
 
 from backend.engine import compat
 from backend.engine.pocworker import forward, graphs, pacing, streams
-from backend.engine.pocworker.hooks import decoder_layers, find_layers, own_layers, reflect_output, reflection_hooks
+from backend.engine.pocworker.hooks import decoder_layers, find_layers, own_layers, reflection_hooks
 from poc.artifacts import compute_artifacts
 from poc.rng import householder_vectors, input_embeddings
 from poc.spec import ForwardBatch, PocSpec
@@ -202,10 +202,10 @@ class PocWorkerExtension:
             if self._poc_graphs is not None and not paced:
                 # A graph replays on the stream (and SMs) it was captured on.
                 key = ("alone" if stream is self._poc_streams.alone else "beside", *_shape(batch))
-                fwd = self._poc_graphs.launch(key, self, block_ids, fill_inputs, vectors, reflect_output)
+                fwd = self._poc_graphs.launch(key, self, block_ids, fill_inputs, vectors)
             if fwd is None:
                 fwd = forward.LayerwiseForward(self.model_runner, self.vllm_config, self.model_runner.get_model(),
-                                               block_ids, fill_inputs(), vectors, reflect_output)
+                                               block_ids, fill_inputs(), vectors)
         f = _InFlight(fwd, stream, carveout, batch, paced=paced)
         self._poc_in_flight.append(f)
         return self._poc_advance(f, budget_s)

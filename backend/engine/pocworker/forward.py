@@ -23,7 +23,7 @@ from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.kv_cache_interface import AttentionSpec
 
 from backend.engine import compat
-from backend.engine.pocworker.hooks import own_layers, reflection_hooks
+from backend.engine.pocworker.hooks import Reflections, is_layerwise, own_layers, reflection_hooks
 from poc.rng import host_to_device
 
 # vLLM dispatches RMSNorm through IR ops whose default priority is "native" when the engine compiles with
@@ -83,31 +83,17 @@ def pipeline_last_hidden(mr, cfg, model, block_ids: list[int], num_seqs: int, se
     return out.view(num_seqs, seq_len, hidden_size)[:, -1].float()
 
 
-# Decoder stacks whose forward is exactly: hidden = inputs_embeds, residual = None; for each layer
-# hidden, residual = layer(positions=, hidden_states=, residual=); then norm(hidden, residual) (vLLM 0.26 / 0.29
-# source for the first four, 0.29 for the others; gpt-oss's blocks take hidden_states first, hence the keywords).
-# DeepseekV2Model (DeepSeek-V2, V3) also scales attention by position where its config sets llama_4_scaling (it
-# then runs whole), and gathers sequence-parallel MoE outputs only with data parallel, which pocserve refuses.
-LAYERWISE_MODELS = ("Qwen2Model", "Qwen3Model", "Qwen3MoeModel", "LlamaModel", "Glm4MoeModel", "MiniMaxM2Model",
-                    "GptOssModel", "DeepseekV2Model")
-
-
-def is_layerwise(stack) -> bool:
-    """LayerwiseForward may queue this decoder stack layer by layer (see LAYERWISE_MODELS)."""
-    return (type(stack).__name__ in LAYERWISE_MODELS
-            and getattr(getattr(stack, "config", None), "llama_4_scaling", None) is None)
-
-
 class LayerwiseForward:
     """pipeline_last_hidden's prefill on one stage, queued a few decoder layers per call (`advance`), so that
     the thread queueing it can step chat in between: queueing the 0.6B shape's whole eager forward took the
     engine thread 20-22 ms on an H100 host, chat's GPU idled behind it. The same ops in the same order as
-    `model(...)` with reflection hooks (`reflect` is the hooks' function), so the result is the same bit for bit.
-    Models outside LAYERWISE_MODELS run whole at the first call."""
+    `model(...)` with reflection hooks (hooks.py Reflections), so the result is the same bit for bit. Models
+    outside hooks.LAYERWISE_MODELS run whole at the first call."""
 
     def __init__(self, mr, cfg, model, block_ids: list[int], x: torch.Tensor, vectors: torch.Tensor,
-                 reflect, metadata: Prefill | None = None) -> None:
-        self._cfg, self._model, self._vectors, self._reflect = cfg, model, vectors, reflect
+                 metadata: Prefill | None = None) -> None:
+        self._cfg, self._model, self._vectors = cfg, model, vectors
+        self._reflections = Reflections(model, vectors)
         self.num_seqs, self.seq_len, hidden_size = x.shape
         self.prefill = metadata or prefill(mr, cfg, block_ids, self.num_seqs, self.seq_len)
         self._hidden: Any = x.reshape(self.num_seqs * self.seq_len, hidden_size)
@@ -141,17 +127,20 @@ class LayerwiseForward:
                 self._whole()
                 return True
             layers = self._stack.layers
-            while self._next < last:
-                i, layer_started = self._next, time.perf_counter()
-                out = layers[i](positions=self.prefill.positions, hidden_states=self._hidden, residual=self._residual)
-                self._hidden, self._residual = self._reflect(self._vectors[i])(layers[i], None, out)
-                self._next += 1
-                now = time.perf_counter()
-                if now - started + (now - layer_started) > budget_s:
-                    break
-            if self._next == self._end:
-                hidden, _ = self._stack.norm(self._hidden, self._residual)
-                self._done(hidden)
+            with self._reflections.applied():
+                while self._next < last:
+                    i, layer_started = self._next, time.perf_counter()
+                    out = layers[i](positions=self.prefill.positions, hidden_states=self._hidden,
+                                    residual=self._residual)
+                    self._hidden, self._residual = self._reflections.output(i, out)
+                    self._next += 1
+                    now = time.perf_counter()
+                    if now - started + (now - layer_started) > budget_s:
+                        break
+                if self._next == self._end:
+                    hidden, _ = self._stack.norm(self._hidden, self._residual)
+                    self._reflections.check_applied()
+                    self._done(hidden)
         return self.is_queued
 
     def record_stream(self, stream) -> None:

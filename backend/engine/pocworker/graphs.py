@@ -106,8 +106,8 @@ class PocGraphs:
         self._pool: Any = None
         self.off_reason: str | None = None
 
-    def launch(self, key: tuple, worker, block_ids: list[int], fill_inputs, vectors: torch.Tensor,
-               reflect) -> GraphedForward | None:
+    def launch(self, key: tuple, worker, block_ids: list[int], fill_inputs,
+               vectors: torch.Tensor) -> GraphedForward | None:
         """Queues the forward of `key` on the current stream from its graph, capturing it first if this shape has
         had its eager warm-up; None where it runs eager instead: graphs off, a warm-up, or MAX_GRAPHS shapes taken.
         `fill_inputs(out)` writes the [B, L, H] inputs into `out`; `vectors` are the per-layer vectors."""
@@ -120,7 +120,7 @@ class PocGraphs:
                 self._eager[key] += 1
                 return None
             try:
-                captured = self._capture(worker, block_ids, num_seqs, seq_len, fill_inputs, vectors, reflect)
+                captured = self._capture(worker, block_ids, num_seqs, seq_len, fill_inputs, vectors)
             except Exception as e:
                 self.off_reason = f"{type(e).__name__}: {e}"[:300]
                 log.warning("poc_graphs_off", reason=self.off_reason)
@@ -140,7 +140,7 @@ class PocGraphs:
         return GraphedForward(captured.last_hidden)
 
     def _capture(self, worker, block_ids: list[int], num_seqs: int, seq_len: int, fill_inputs,
-                 vectors: torch.Tensor, reflect) -> Captured:
+                 vectors: torch.Tensor) -> Captured:
         """Captures the forward on the current stream (nothing runs yet) with the inputs already in its buffers."""
         if torch.cuda.current_stream() == torch.cuda.default_stream():
             # Checked first: torch's capture_begin raises on it only after it has marked the RNG as capturing,
@@ -152,7 +152,7 @@ class PocGraphs:
         hidden_size = int(cfg.model_config.get_hidden_size())
         x = torch.empty((num_seqs, seq_len, hidden_size), dtype=cfg.model_config.dtype, device=mr.device)
         fill_inputs(x)
-        forward = LayerwiseForward(mr, cfg, mr.get_model(), block_ids, x, vectors.clone(), reflect, metadata)
+        forward = LayerwiseForward(mr, cfg, mr.get_model(), block_ids, x, vectors.clone(), metadata)
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
