@@ -25,7 +25,7 @@ NOT_APPLICABLE: tuple[tuple[str, str], ...] = (
      "aborts chat for it (POC_GENERATE_CHUNK_TIMEOUT_SEC bounds the wait)"),
     ("GONKA_POC_FUSED",
      "switches the fork's fused Triton PoC kernels; pocserve has its own: POCSERVE_POC_TRITON=0 turns them off, "
-     "POCSERVE_POC_GRAPHS=0 the CUDA graphs"),
+     "POCSERVE_POC_FUSED_NORM=0 reflects each layer apart from the next norm, POCSERVE_POC_GRAPHS=0 the CUDA graphs"),
     ("GONKA_POC_VLLM_KERNELS",
      "switches the fork's patches of vLLM's kernels; pocserve does not patch vLLM's kernels"),
     ("GONKA_POC_SPHERE_CODEBOOK",
