@@ -129,7 +129,7 @@ def floor_app(address: str, keys_dir: Path | None) -> FastAPI:
 
 def make_curve_keys(keys_dir: Path) -> None:
     """keys_dir/backend (its pair), keys_dir/frontend (one pair for the frontend and the hop timer), clients/."""
-    from backend.tools.curve_keys import create_key_pair
+    from common.curve_keys import create_key_pair
 
     create_key_pair(keys_dir / "backend", "backend")
     frontend_public, _ = create_key_pair(keys_dir / "frontend", "frontend")

@@ -1,7 +1,7 @@
 """CURVE key files for the ZMQ link: read and checked once at start, by each process's settings module.
 
 Process plumbing shared by both processes (like config.py). Key files are zmq.auth certificates, as
-`python -m backend.tools.curve_keys` writes them: `NAME.key` holds the Z85 public key, `NAME.key_secret` the public
+`python -m common.curve_keys` writes them: `NAME.key` holds the Z85 public key, `NAME.key_secret` the public
 and the secret key. Every problem is a SettingsError naming the
 setting and the path, so a process never starts with half of its security configured.
 """

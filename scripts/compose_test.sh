@@ -108,7 +108,7 @@ bg_pid=$!
 trap 'kill "$bg_pid" 2>/dev/null || true' EXIT  # a failed backend build leaves no build behind
 
 say "building the CPU backend image (scripts/compose.sh cpu build backend)"
-scripts/compose.sh cpu build backend  # curve-keys runs the same image: built once
+scripts/compose.sh cpu build backend
 # The source stage of docker/backend-cpu.Dockerfile, tagged (every step cached: seconds): untagged, the final prune
 # would take it, and the next build would redo the layer after the heavy one (two full copies of ~4 GB under vfs).
 docker build -q --network host --target source -f docker/backend-cpu.Dockerfile \

@@ -23,11 +23,11 @@ import zmq
 import zmq.auth
 
 from backend.startup import settings as backend_settings
-from backend.tools.curve_keys import create_key_pair
 from backend.transport.control import ControlPlane
 from backend.transport.curve import CurveGate
 from backend.transport.server import SocketServer, is_exposed
 from common.curve import set_client_keys
+from common.curve_keys import create_key_pair
 from frontend import settings as frontend_settings
 from frontend.backend_client import BackendClient
 from protocol.codec import frontend_codec

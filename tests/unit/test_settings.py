@@ -180,7 +180,7 @@ def test_settings_readme_mentions_every_env_name(module):
 
 @pytest.fixture
 def curve_files(tmp_path) -> dict[str, Path]:
-    from backend.tools.curve_keys import create_key_pair
+    from common.curve_keys import create_key_pair
     server_public, server_secret = create_key_pair(tmp_path / "server", "server")
     client_public, client_secret = create_key_pair(tmp_path / "client", "client")
     clients = tmp_path / "clients"
