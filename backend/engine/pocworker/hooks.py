@@ -72,21 +72,18 @@ def is_layerwise(stack) -> bool:
             and getattr(getattr(stack, "config", None), "llama_4_scaling", None) is None)
 
 
-def reflect_output(vector: torch.Tensor):
-    """A forward hook reflecting one layer's output with `vector` (LayerwiseForward calls it directly)."""
-
-    def hook(_module, _inputs, output):
-        if isinstance(output, tuple):
-            if len(output) >= 2:
-                hidden, residual = output[0], output[1]
-                if (hidden.shape == residual.shape and hidden.dtype == residual.dtype
-                        and cuda_kernels.can_reflect_rows(hidden, vector)
-                        and cuda_kernels.can_reflect_rows(residual, vector)):
-                    return (*cuda_kernels.reflect_pair(hidden, residual, vector), *output[2:])
-                return (reflect(hidden, vector), reflect(residual, vector), *output[2:])
-            return (reflect(output[0], vector),)
-        return reflect(output, vector)
-    return hook
+def reflected(output, vector: torch.Tensor):
+    """One layer's output (a tensor, or a tuple whose first two are hidden and residual) reflected with `vector`."""
+    if isinstance(output, tuple):
+        if len(output) >= 2:
+            hidden, residual = output[0], output[1]
+            if (hidden.shape == residual.shape and hidden.dtype == residual.dtype
+                    and cuda_kernels.can_reflect_rows(hidden, vector)
+                    and cuda_kernels.can_reflect_rows(residual, vector)):
+                return (*cuda_kernels.reflect_pair(hidden, residual, vector), *output[2:])
+            return (reflect(hidden, vector), reflect(residual, vector), *output[2:])
+        return (reflect(output[0], vector),)
+    return reflect(output, vector)
 
 
 def fused_norms_enabled() -> bool:
@@ -150,7 +147,7 @@ class Reflections:
             if self._active:
                 self._install()
             return out
-        return reflect_output(vector)(None, None, out)
+        return reflected(out, vector)
 
     @contextmanager
     def applied(self):
