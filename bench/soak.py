@@ -75,6 +75,10 @@ class SoakConfig:
     callback_interval_s: float = 5.0
     drain_timeout_s: float = 120.0
     startup_timeout_s: float = 300.0
+    # False: chat only (no mining round, no validation), to tell apart what each half of the traffic costs.
+    poc: bool = True
+    # Backend flags after the soak's own (vLLM's parser: the last wins), e.g. a GPU memory share per stack.
+    backend_extra: tuple[str, ...] = ()
 
     def plan(self) -> PowPlan:
         cycles = self.num_cycles or max(1, int(self.seconds // 60))
@@ -89,7 +93,8 @@ def start_stack(cfg: SoakConfig) -> tuple[list[Proc], list[str]]:
     address = f"ipc://{cfg.work_dir}/backend.ipc"
     backend = Proc("backend", backend_args(
         cfg.model_dir, address, "--state-dir", str(cfg.work_dir / "state"), "--scheduling-mode", "shared",
-        "--callback-interval-s", str(cfg.callback_interval_s), "--max-num-seqs", str(max(64, cfg.concurrency))),
+        "--callback-interval-s", str(cfg.callback_interval_s), "--max-num-seqs", str(max(64, cfg.concurrency)),
+        *cfg.backend_extra),
         cfg.work_dir / "backend.log")
     procs = [backend.start()]
     urls = []
@@ -217,7 +222,10 @@ async def soak(cfg: SoakConfig, procs: list[Proc], urls: list[str], receiver: Re
         workers = [asyncio.create_task(chat_worker(chat, urls, w, stop_at, cfg.max_tokens, ids, streams))
                    for w in range(cfg.concurrency)]
         try:
-            await driver.run()
+            if cfg.poc:
+                await driver.run()
+            else:
+                await asyncio.sleep(max(0.0, stop_at - time.monotonic()))
         finally:
             if driver.is_mining:  # interrupted mid-round: leave the backend idle
                 await driver.stop(f"{urls[0]}/api/v1/pow")
@@ -256,8 +264,9 @@ def _client_cpu() -> float:
     return t.user + t.system
 
 
-def verdict(report: dict) -> list[str]:
-    """What went wrong, in words; empty when nothing was lost or failed and every process is healthy."""
+def verdict(report: dict, poc: bool = True) -> list[str]:
+    """What went wrong, in words; empty when nothing was lost or failed and every process is healthy (`poc`:
+    whether PoC cycles ran, so that validations were expected)."""
     chat, pow_, backend = report["chat"], report["pow"], report["backend"]
     problems = [f"{chat[k]} chat requests {k}" for k in ("lost", "failed") if chat[k]]
     if pow_["callbacks_lost"]:
@@ -268,7 +277,7 @@ def verdict(report: dict) -> list[str]:
     if pow_["recomputed"]["past_chain"]:
         problems.append(f"{pow_['recomputed']['past_chain']} recomputed nonces past the chain's distance threshold")
     problems += [f"PoC driver: {e}" for e in pow_["errors"]]
-    if not pow_["validations_submitted"]:
+    if poc and not pow_["validations_submitted"]:
         problems.append("no validation was submitted")
     if backend["pocserve_callbacks_dropped_total"]:
         problems.append(f"{backend['pocserve_callbacks_dropped_total']:.0f} callbacks dropped by the backend")
@@ -292,7 +301,7 @@ def run_soak(cfg: SoakConfig) -> dict:
         receiver.close()
     report["config"] = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
     report["plan"] = asdict(cfg.plan())
-    report["problems"] = verdict(report)
+    report["problems"] = verdict(report, cfg.poc)
     report["ok"] = not report["problems"]
     return report
 
@@ -340,15 +349,20 @@ def main(argv: list[str] | None = None) -> int:
                    "missing): tiny on the CPU, qwen3-0.6b on a GPU")
     p.add_argument("--work-dir", type=Path, default=None, help="logs and state (default: a fresh /tmp dir)")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--no-poc", dest="poc", action="store_false", help="chat only: no mining, no validation")
+    p.add_argument("--backend-arg", action="append", default=[], metavar="ARG",
+                   help="one more backend flag, after the soak's own (repeat it; --backend-arg=--flag=value)")
     args = p.parse_args(argv)
     raise_on_signals()
     from backend.tools.modelgen import ensure_model
     work = args.work_dir or Path(f"/tmp/pocserve-soak-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
     cfg = SoakConfig(work_dir=work, model_dir=ensure_model(args.model_dir, args.shape), seconds=args.seconds,
                      concurrency=args.concurrency, max_tokens=args.max_tokens, num_cycles=args.cycles,
-                     callback_interval_s=args.callback_interval_s)
+                     callback_interval_s=args.callback_interval_s, poc=args.poc,
+                     backend_extra=tuple(args.backend_arg))
+    cycles = f"{cfg.plan().num_cycles} PoC cycles" if cfg.poc else "no PoC"
     print(f"soak: {cfg.seconds:.0f} s, {cfg.concurrency} streams over {cfg.num_frontends} frontends, "
-          f"{cfg.plan().num_cycles} PoC cycles; logs in {work}", flush=True)
+          f"{cycles}; logs in {work}", flush=True)
     try:
         report = run_soak(cfg)
     except KeyboardInterrupt:

@@ -31,7 +31,9 @@
 #                                             # (0.6B), for this tree and others (RUNS="TREE:SHARE ...")
 #   bash scripts/gpu_check.sh soak            # bench.soak on the 0.6B shape (SOAK_S seconds, default 600): RSS
 #                                             # slope per process after warm-up, nothing lost
-#   bash scripts/gpu_check.sh soak-start      # the same soak outliving the call (setsid); then, in the next call
+#   bash scripts/gpu_check.sh heap-split      # the soak's variants side by side (chat, PoC, mixed, without PoC
+#                                             # graphs, chat compiled): which grows the engine's heap
+#   bash scripts/gpu_check.sh soak-start      # the same soak (or SOAK_MODE) outliving the call (setsid); then
 #   bash scripts/gpu_check.sh soak-collect    # on the same machine: wait for it, results to $OUT
 #   bash scripts/gpu_check.sh startup         # first (cold caches) and second start of the backend, 0.6B and
 #                                             # tiny-moe, with each start's phases (bench/startup.py)
@@ -377,10 +379,17 @@ PY
     python3 -m bench.soak --shape qwen3-0.6b --model-dir models/qwen3-0.6b --seconds "${SOAK_S:-600}" \
       --json "$out/soak.json" 2>&1 | quiet | tail -30 | tee "$out/soak.txt"
     ;;
-  soak-start)  # the soak in its own session, outliving this call (10 minutes and the start exceed one call's
-               # limit); `soak-collect` in the next call, back to back on the same machine, waits and copies it
+  heap-split)  # bench.soak_split on the 0.6B shape: the soak's variants side by side (SPLIT, default all), each
+               # with its own stack on 0.12 of the GPU, SOAK_S seconds (default 360): the engine's heap slope of each
+    python3 -m bench.soak_split --shape qwen3-0.6b --model-dir models/qwen3-0.6b --seconds "${SOAK_S:-360}" \
+      ${SPLIT:+--variants "$SPLIT"} --backend-arg=--gpu-memory-utilization=0.12 \
+      --backend-arg=--kv-cache-memory-bytes=2G --out "$out/split" 2>&1 | quiet | tail -20 | tee "$out/split.txt"
+    ;;
+  soak-start)  # the soak (or SOAK_MODE, e.g. heap-split) in its own session, outliving this call (10 minutes and
+               # the start exceed one call's limit); `soak-collect` in the next call, on the same machine, waits
     mkdir -p /tmp/soak-out
-    OUT=/tmp/soak-out setsid nohup bash scripts/gpu_check.sh soak > /tmp/soak-out/run.log 2>&1 < /dev/null &
+    OUT=/tmp/soak-out setsid nohup bash scripts/gpu_check.sh "${SOAK_MODE:-soak}" > /tmp/soak-out/run.log 2>&1 \
+      < /dev/null &
     sleep "${WAIT_S:-30}"; tail -5 /tmp/soak-out/run.log
     ;;
   soak-collect)
@@ -389,6 +398,12 @@ PY
     # With POCSERVE_HEAP_PROFILE_S given to soak-start: the engine's heap_profile lines (backend/core/heap_profile.py)
     work=$(python3 -c "import json; print(json.load(open('$out/soak.json'))['config']['work_dir'])" 2>/dev/null || true)
     [ -n "$work" ] && grep -h "heap_profile" "$work/backend.log" > "$out/heap_profile.log" 2>/dev/null || true
+    # heap-split's stacks: each backend's heap_profile lines, then every log cut to its tail (what comes back)
+    for log in "$out"/split/*/work/backend.log; do
+      [ -f "$log" ] && grep -hE "heap_profile|kernel_warmup|JIT compilation|engine_ready" "$log" \
+        > "$(dirname "$(dirname "$log")")/key_lines.log" || true
+    done
+    find "$out" -name "*.log" -size +1M -exec sh -c 'tail -c 200000 "$1" > "$1.t" && mv "$1.t" "$1"' _ {} \;
     ;;
   startup)  # startup [SHAPE...] (default: qwen3-0.6b tiny-moe)
     shift; shapes=("$@"); [ ${#shapes[@]} -eq 0 ] && shapes=(qwen3-0.6b tiny-moe)

@@ -78,6 +78,7 @@ class Engine:
             self.poc.parks = settings.vllm.world_size == 1 and not self.poc.overlaps
             self.poc.pipelines = self._prepare_pipeline(settings)
             self._warm_up_kernels(settings, step_tokens)
+            self._warm_up_poc_kernels()
         except BaseException:
             self.core.shutdown()  # the workers are processes of their own under TP/PP
             raise
@@ -102,6 +103,16 @@ class Engine:
             log.info("kernel_warmup", sizes=len(sizes), largest=sizes[0],
                      triton_builds=max(int(d["triton_builds"]) for d in done),
                      elapsed_s=round(max(d["elapsed_s"] for d in done), 2))
+
+    def _warm_up_poc_kernels(self) -> None:
+        """PoC's Triton kernels built before ready (pocworker/extension.py poc_warm_up_kernels): a round's first
+        forward would otherwise compile them, in the round's time, and trip vLLM's "JIT compilation during
+        inference" warning."""
+        if str(self.vllm_config.device_config.device_type) != "cuda":
+            return
+        done = self.core.collective_rpc("poc_warm_up_kernels")
+        log.info("poc_kernel_warmup", triton_builds=max(int(d["triton_builds"]) for d in done),
+                 elapsed_s=round(max(d["elapsed_s"] for d in done), 2))
 
     def _prepare_overlap(self, settings: BackendSettings) -> bool:
         """Whether PoC forwards run beside chat steps (--poc-overlap); sets up the worker's streams if so."""

@@ -37,7 +37,7 @@ def wanted(mode: str, device_type: str, is_moe: bool) -> bool:
     return mode == "on" or (mode == "auto" and device_type == "cuda" and is_moe)
 
 
-def _counting_triton_builds() -> tuple[Callable[[], int], Callable[[], None]]:
+def counting_triton_builds() -> tuple[Callable[[], int], Callable[[], None]]:
     """Counts Triton kernel builds until restored, in place of vLLM's JIT monitor hook: the builds of the warm-up
     are expected, and vLLM warns only once per kernel name, so they would hide a later miss."""
     try:
@@ -66,7 +66,7 @@ class KernelWarmupExtension:
     def warm_up_kernels(self, sizes: list[int]) -> dict[str, float]:
         import torch
         started = time.perf_counter()
-        builds, restore = _counting_triton_builds()
+        builds, restore = counting_triton_builds()
         try:
             with torch.inference_mode():
                 for n in sizes:

@@ -217,3 +217,30 @@ def test_cuda_reflection_fused_into_the_norm_matches_reflect_then_vllms_norm(hid
     vllm_norm(vllm_out, vllm_residual, w, 1e-6)  # in place: input ← the normed sum, residual ← the sum
     assert torch.equal(residual, vllm_residual)
     check(vllm_out, "vLLM's kernel")
+
+
+def test_the_start_warm_up_builds_what_a_round_then_launches():
+    """After warm_up_poc_kernels a round's shapes build no Triton kernel (fp16 at H = 1344: no other test here
+    builds the reflections' 2048-wide tiles; the RNG's build may be another test's, by its classes)."""
+    from backend.engine.pocworker.extension import warm_up_poc_kernels
+    from backend.engine.warmup import counting_triton_builds
+    from poc.cuda_kernels import reflect_add_rms_norm, reflect_pair
+    from poc.transforms import reflect
+
+    hidden, dtype, device = 1344, torch.float16, torch.device(CUDA)
+    warm = warm_up_poc_kernels(hidden, dtype, device)
+    assert warm["triton_builds"] >= 2, warm  # reflect_pair and the norm at least
+    builds, restore = counting_triton_builds()
+    try:
+        for seq_len, batch in ((64, 4), (1024, 2)):
+            for stronger in (False, True):
+                x = input_embeddings("warm", "pk", list(range(batch)), seq_len, hidden, device, dtype,
+                                     stronger_rng=stronger).view(-1, hidden)
+            v = torch.nn.functional.normalize(torch.randn(hidden, device=device), dim=0).to(dtype)
+            h, r = reflect_pair(x, x * 0.5, v)
+            reflect(x, v)
+            reflect_add_rms_norm(h, r, v, torch.ones_like(v), 1e-6)
+        torch.cuda.synchronize()
+    finally:
+        restore()
+    assert builds() == 0

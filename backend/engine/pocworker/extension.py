@@ -16,6 +16,7 @@ Invariants (each one cost someone invalid votes on the network):
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -32,6 +33,33 @@ from poc.rng import householder_vectors, input_embeddings
 from poc.spec import ForwardBatch, PocSpec
 
 log = structlog.get_logger(__name__)
+
+
+@torch.inference_mode()
+def warm_up_poc_kernels(hidden_size: int, dtype: torch.dtype, device: torch.device) -> dict[str, float]:
+    """Runs each of PoC's Triton kernels (poc/cuda_kernels.py) once on one 16-token sequence of this hidden size
+    and dtype; returns how many Triton built. Triton specialises integer arguments on being 1 or a multiple of 16:
+    with a hidden size and a round's seq_len multiples of 16 (the network's 1024), a row's L·H, its half, an eighth
+    of it for the stronger RNG's segments and their sixteenth, and the B·L rows all are, for any batch, as they are
+    here. So these are a round's builds; a round of another class builds its own at its first forward, as before."""
+    from backend.engine.warmup import counting_triton_builds
+    from poc.cuda_kernels import available, reflect_add_rms_norm, reflect_pair
+    from poc.rng import standard_inputs, stronger_inputs
+    started = time.perf_counter()
+    if not available(torch.empty(0, device=device)):  # not CUDA, or POCSERVE_POC_TRITON=0: torch ops, no builds
+        return {"triton_builds": 0, "elapsed_s": 0.0}
+    builds, restore = counting_triton_builds()
+    try:
+        x = standard_inputs([0], 16, hidden_size, device, dtype).view(16, hidden_size)
+        stronger_inputs([list(range(8))], 16, hidden_size, device, dtype)
+        v = torch.nn.functional.normalize(x[0].float(), dim=0).to(dtype)
+        reflect_pair(x, x, v)  # one tensor: transforms.reflect's launch
+        h, r = reflect_pair(x, x.flip(0).contiguous(), v)
+        reflect_add_rms_norm(h, r, v, torch.ones_like(v), 1e-6)
+        torch.cuda.synchronize(device)
+    finally:
+        restore()
+    return {"triton_builds": builds(), "elapsed_s": time.perf_counter() - started}
 
 
 def _sync(device: torch.device) -> None:
@@ -127,6 +155,11 @@ class PocWorkerExtension:
         if hidden is None:
             return None
         return _artifacts(hidden, batch)
+
+    def poc_warm_up_kernels(self) -> dict[str, float]:
+        """PoC's Triton kernels built at start (warm_up_poc_kernels), so that a round's first forward compiles none."""
+        cfg = self.vllm_config
+        return warm_up_poc_kernels(int(cfg.model_config.get_hidden_size()), cfg.model_config.dtype, self._device())
 
     # --- PoC beside chat: the forward queued on a low-priority stream while chat steps go on (backend/engine/poc.py)
 
