@@ -72,7 +72,7 @@ def summarize(name: str, report: dict, profiles: list[tuple[float, dict[str, flo
     out: dict = {"variant": name, "ok": report["ok"], "problems": report["problems"], "chats": chats,
                  "nonces": nonces, "validations": report["pow"]["validations_submitted"],
                  "profiles": len(profiles)}
-    for key in ("malloc_in_use_mb", "rss_mb"):
+    for key in ("malloc_in_use_mb", "malloc_mmapped_mb", "rss_mb"):
         slope = slope_per_min([(t, f[key]) for t, f in profiles if key in f])
         out[f"{key}_per_min"] = None if slope is None else round(slope, 2)
         if slope is not None:
