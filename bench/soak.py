@@ -175,19 +175,29 @@ class MemorySampler:
         for name, samples in self.samples.items():
             if len(samples) < 10:
                 continue
-            t0, t1 = samples[0][0], samples[-1][0]
-            after = [(t, mb) for t, mb in samples if t >= t0 + warmup_fraction * (t1 - t0)]
-            mean_t = sum(t for t, _ in after) / len(after)
-            mean_mb = sum(mb for _, mb in after) / len(after)
-            var = sum((t - mean_t) ** 2 for t, _ in after)
-            cov = sum((t - mean_t) * (mb - mean_mb) for t, mb in after)
-            out[name] = round(60 * cov / var, 3) if var else 0.0
+            slope = slope_per_min(samples, warmup_fraction)
+            out[name] = round(slope, 3) if slope is not None else 0.0
         return out
 
     async def run(self) -> None:
         while True:
             await asyncio.to_thread(self.sample)
             await asyncio.sleep(1.0)
+
+
+def slope_per_min(points: list[tuple[float, float]], warmup_fraction: float = 1 / 3) -> float | None:
+    """Least-squares slope in units per minute of (time s, value) points after the first `warmup_fraction` of
+    their span; None with fewer than two points there (or all at one time)."""
+    if len(points) < 2:
+        return None
+    t0, t1 = points[0][0], points[-1][0]
+    after = [(t, y) for t, y in points if t >= t0 + warmup_fraction * (t1 - t0)]
+    if len(after) < 2:
+        return None
+    mean_t = sum(t for t, _ in after) / len(after)
+    mean_y = sum(y for _, y in after) / len(after)
+    var = sum((t - mean_t) ** 2 for t, _ in after)
+    return 60 * sum((t - mean_t) * (y - mean_y) for t, y in after) / var if var else None
 
 
 async def metrics(session: aiohttp.ClientSession, base_url: str) -> dict[str, float]:

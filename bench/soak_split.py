@@ -24,6 +24,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from bench.soak import slope_per_min
+
 # name → (environment, bench.soak flags); "mixed" is the soak as docs/reliability.md ran it.
 VARIANTS: dict[str, tuple[dict[str, str], list[str]]] = {
     "mixed": ({}, []),
@@ -49,20 +51,6 @@ def heap_profiles(log_text: str) -> list[tuple[float, dict[str, float]]]:
             continue
         out.append((at, {k: float(v) for k, v in _PAIR.findall(line)}))
     return out
-
-
-def slope_per_min(points: list[tuple[float, float]], warmup_fraction: float = 1 / 3) -> float | None:
-    """Least-squares slope in units per minute of the points after the first `warmup_fraction` of their span."""
-    if len(points) < 3:
-        return None
-    t0, t1 = points[0][0], points[-1][0]
-    after = [(t, y) for t, y in points if t >= t0 + warmup_fraction * (t1 - t0)]
-    if len(after) < 2:
-        return None
-    mt = sum(t for t, _ in after) / len(after)
-    my = sum(y for _, y in after) / len(after)
-    var = sum((t - mt) ** 2 for t, _ in after)
-    return 60 * sum((t - mt) * (y - my) for t, y in after) / var if var else None
 
 
 def summarize(name: str, report: dict, profiles: list[tuple[float, dict[str, float]]]) -> dict:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.soak_split import VARIANTS, heap_profiles, main, slope_per_min, summarize
+from bench.soak import slope_per_min
+from bench.soak_split import VARIANTS, heap_profiles, main, summarize
 
 LINE = ("2026-12-03T16:43:{s:02d}.000000Z [info     ] heap_profile                   [backend.core.heap_profile] "
         "malloc_free_mb=2.4 malloc_in_use_mb={mb} malloc_mmapped_mb=569.1 rss_mb=1259.2")
