@@ -79,6 +79,8 @@ def launch(name: str, args: argparse.Namespace, root: Path) -> subprocess.Popen:
            "--seconds", str(args.seconds), "--work-dir", str(work / "work"), "--json", str(work / "soak.json"),
            *flags, *(f"--backend-arg={a}" for a in args.backend_arg)]
     env = {**os.environ, "POCSERVE_HEAP_PROFILE_S": str(args.profile_s), **env_extra}
+    if args.memray:
+        env["POCSERVE_MEMRAY"] = f"{args.memray}:{work / 'engine.memray'}"
     log = open(work / "soak.txt", "w")  # noqa: SIM115 - the child writes it until it exits
     return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -91,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", default="tiny")
     p.add_argument("--model-dir", type=Path, default=Path("models/tiny-qwen3"))
     p.add_argument("--backend-arg", action="append", default=[], metavar="ARG", help="to every variant's backend")
+    p.add_argument("--memray", metavar="START_S:STOP_S",
+                   help="each engine's memray window (POCSERVE_MEMRAY), then bench.heap_leaks of it in leaks.txt")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     names = [n for n in args.variants.split(",") if n]
@@ -111,6 +115,11 @@ def main(argv: list[str] | None = None) -> int:
         report = json.loads(report_path.read_text())
         log_path = args.out / n / "work" / "backend.log"
         rows.append(summarize(n, report, heap_profiles(log_path.read_text(errors="replace"))))
+    for n in names:
+        if (args.out / n / "engine.memray").exists():
+            with open(args.out / n / "leaks.txt", "w") as f:
+                subprocess.run([sys.executable, "-m", "bench.heap_leaks", str(args.out / n / "engine.memray"),
+                                "--json", str(args.out / n / "leaks.json")], stdout=f, stderr=subprocess.STDOUT)
     result = {"seconds": args.seconds, "wall_s": round(time.monotonic() - started, 1), "variants": rows}
     (args.out / "split.json").write_text(json.dumps(result, indent=1))
     for r in rows:

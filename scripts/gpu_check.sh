@@ -32,7 +32,9 @@
 #   bash scripts/gpu_check.sh soak            # bench.soak on the 0.6B shape (SOAK_S seconds, default 600): RSS
 #                                             # slope per process after warm-up, nothing lost
 #   bash scripts/gpu_check.sh heap-split      # the soak's variants side by side (chat, PoC, mixed, without PoC
-#                                             # graphs, chat compiled): which grows the engine's heap
+#                                             # graphs, chat compiled): which grows the engine's heap; MEMRAY=S:E
+#                                             # records each engine's native allocations from S to E s (memray,
+#                                             # staged in .stage/extra) and lists what they left live (leaks.txt)
 #   bash scripts/gpu_check.sh soak-start      # the same soak (or SOAK_MODE) outliving the call (setsid); then
 #   bash scripts/gpu_check.sh soak-collect    # on the same machine: wait for it, results to $OUT
 #   bash scripts/gpu_check.sh startup         # first (cold caches) and second start of the backend, 0.6B and
@@ -382,8 +384,9 @@ PY
   heap-split)  # bench.soak_split on the 0.6B shape: the soak's variants side by side (SPLIT, default all), each
                # with its own stack on 0.12 of the GPU, SOAK_S seconds (default 360): the engine's heap slope of each
     python3 -m bench.soak_split --shape qwen3-0.6b --model-dir models/qwen3-0.6b --seconds "${SOAK_S:-360}" \
-      ${SPLIT:+--variants "$SPLIT"} --backend-arg=--gpu-memory-utilization=0.12 \
+      ${SPLIT:+--variants "$SPLIT"} ${MEMRAY:+--memray "$MEMRAY"} --backend-arg=--gpu-memory-utilization=0.12 \
       --backend-arg=--kv-cache-memory-bytes=2G --out "$out/split" 2>&1 | quiet | tail -20 | tee "$out/split.txt"
+    find "$out" -name "*.memray" -delete  # read here into leaks.txt; its native frames resolve only on this machine
     ;;
   soak-start)  # the soak (or SOAK_MODE, e.g. heap-split) in its own session, outliving this call (10 minutes and
                # the start exceed one call's limit); `soak-collect` in the next call, on the same machine, waits

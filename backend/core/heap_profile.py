@@ -9,15 +9,23 @@ section 4). Two questions tell the causes apart, and this answers both from insi
   first interval, once the warm-up's allocations are in), by traceback. What it does not see is C/C++'s own malloc
   (torch, CUDA's libraries): live growth without a Python site is theirs.
 
+- If native, whose? With POCSERVE_MEMRAY=START_S:STOP_S:PATH memray records every allocation, with its native and
+  Python stack, from START_S to STOP_S after the profiler starts, into PATH (its aggregated format: per stack, what
+  is still live at STOP_S). Opened after the warm-up, the window's live allocations at its end are the growth, and
+  `python -m bench.heap_leaks PATH` lists them by stack (run it where the process ran: it reads the libraries'
+  symbols). memray is in the test extra, not the backend's.
+
 Every POCSERVE_HEAP_PROFILE_S seconds one `heap_profile` line is logged. tracemalloc costs the whole process: each
 allocation records its traceback (several times slower Python allocations), and a snapshot holds the GIL while it
-walks every trace (~1 s per million). For diagnosis, never for a node at work.
+walks every trace (~1 s per million); memray's native stacks slow every malloc too. For diagnosis, never for a
+node at work.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import dataclasses
 import os
 import threading
 import tracemalloc
@@ -67,22 +75,58 @@ def growth_sites(now: tracemalloc.Snapshot, baseline: tracemalloc.Snapshot, top:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class MemrayWindow:
+    """memray tracking from start_s to stop_s after the profiler starts, into path (module docstring)."""
+
+    start_s: float
+    stop_s: float
+    path: str
+
+    @classmethod
+    def parse(cls, spec: str) -> MemrayWindow:
+        try:
+            start, stop, path = spec.split(":", 2)
+            window = cls(float(start), float(stop), path)
+        except ValueError:
+            raise ValueError(f"POCSERVE_MEMRAY={spec!r}: expected START_S:STOP_S:PATH") from None
+        if not 0 <= window.start_s < window.stop_s or not path:
+            raise ValueError(f"POCSERVE_MEMRAY={spec!r}: expected 0 <= START_S < STOP_S and a path")
+        return window
+
+    def run(self, stopped: threading.Event) -> None:
+        import memray  # the test extra's; asked for by name, so a missing one is an error worth its traceback
+
+        if stopped.wait(self.start_s):
+            return
+        tracker = memray.Tracker(self.path, native_traces=True,
+                                 file_format=memray.FileFormat.AGGREGATED_ALLOCATIONS)
+        with tracker:
+            log.info("heap_memray_on", path=self.path, until_s=self.stop_s)
+            stopped.wait(self.stop_s - self.start_s)
+        log.info("heap_memray_written", path=self.path, read_with=f"python -m bench.heap_leaks {self.path}")
+
+
 class HeapProfiler:
     """Logs `heap_profile` every interval_s (module docstring)."""
 
-    def __init__(self, interval_s: float, frames: int = 0) -> None:
+    def __init__(self, interval_s: float, frames: int = 0, memray: MemrayWindow | None = None) -> None:
         self.interval_s = interval_s
         self.frames = frames
+        self.memray = memray
         self._baseline: tracemalloc.Snapshot | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._memray_thread: threading.Thread | None = None
 
     @classmethod
     def from_env(cls, environ=os.environ) -> HeapProfiler | None:
         interval = float(environ.get("POCSERVE_HEAP_PROFILE_S", "0") or 0)
         if interval <= 0:
             return None
-        return cls(interval, int(environ.get("POCSERVE_TRACEMALLOC", "0") or 0))
+        spec = environ.get("POCSERVE_MEMRAY", "")
+        return cls(interval, int(environ.get("POCSERVE_TRACEMALLOC", "0") or 0),
+                   MemrayWindow.parse(spec) if spec else None)
 
     def start(self) -> HeapProfiler:
         if self.frames > 0 and not tracemalloc.is_tracing():
@@ -90,6 +134,10 @@ class HeapProfiler:
         log.info("heap_profile_on", interval_s=self.interval_s, tracemalloc_frames=self.frames)
         self._thread = threading.Thread(target=self._run, name="heap-profile", daemon=True)
         self._thread.start()
+        if self.memray is not None:
+            self._memray_thread = threading.Thread(target=self.memray.run, args=(self._stop,), name="heap-memray",
+                                                   daemon=True)
+            self._memray_thread.start()
         return self
 
     def profile(self) -> dict:
@@ -115,3 +163,5 @@ class HeapProfiler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self._memray_thread is not None:  # a window cut short by the shutdown still writes its file
+            self._memray_thread.join(timeout=60)

@@ -1,10 +1,14 @@
-"""backend/core/heap_profile.py: glibc's figures, and tracemalloc's growth sites naming the line that allocates."""
+"""backend/core/heap_profile.py: glibc's figures, tracemalloc's growth sites naming the line that allocates, and
+memray's window read by bench/heap_leaks.py naming the stack."""
 
+import threading
+import time
 import tracemalloc
 
 import pytest
 
-from backend.core.heap_profile import HeapProfiler, growth_sites, malloc_stats_mb
+from backend.core.heap_profile import HeapProfiler, MemrayWindow, growth_sites, malloc_stats_mb
+from bench import heap_leaks
 
 
 def test_off_unless_asked():
@@ -60,3 +64,41 @@ def test_profile_has_a_baseline_then_sites():
             tracemalloc.stop()
     assert "grew" not in first and first["rss_mb"] > 0
     assert second["grew"][0]["kb"] >= 4 * 512 and kept
+
+
+def test_memray_window_spec():
+    profiler = HeapProfiler.from_env({"POCSERVE_HEAP_PROFILE_S": "30", "POCSERVE_MEMRAY": "60:240:/tmp/x:y.memray"})
+    assert profiler.memray == MemrayWindow(60.0, 240.0, "/tmp/x:y.memray")
+    for bad in ("60:/tmp/x", "a:240:/tmp/x", "240:60:/tmp/x", "60:240:"):
+        with pytest.raises(ValueError, match="POCSERVE_MEMRAY"):
+            MemrayWindow.parse(bad)
+
+
+def _grow(into: list, stop: threading.Event) -> None:
+    while not stop.is_set():
+        into.append(bytearray(4096))
+        time.sleep(0.001)
+
+
+def test_memray_window_names_the_stack_that_grew(tmp_path):
+    """A thread other than the profiler's grows a list while the window is open: the live allocations at the
+    window's end are that thread's, and bench.heap_leaks puts its function on top."""
+    memray = pytest.importorskip("memray")  # in the test extra; absent only outside `make setup`
+    path = tmp_path / "engine.memray"
+    profiler = HeapProfiler(interval_s=3600, memray=MemrayWindow(0.0, 600.0, str(path))).start()
+    kept: list = []
+    stop = threading.Event()
+    grower = threading.Thread(target=_grow, args=(kept, stop))
+    grower.start()
+    deadline = time.monotonic() + 60
+    while not path.exists() and time.monotonic() < deadline:  # the file appears once the tracker starts
+        time.sleep(0.05)
+    at_open = len(kept)
+    while len(kept) < at_open + 200 and time.monotonic() < deadline:  # 800 KB grown inside the window
+        time.sleep(0.05)
+    profiler.stop()  # ends the window early and waits for the file to be written
+    stop.set()
+    grower.join()
+    rows = heap_leaks.group(memray.FileReader(str(path)).get_leaked_allocation_records(merge_threads=True), 6)
+    assert rows and any("_grow" in f for f in rows[0]["frames"]), rows[:3]
+    assert rows[0]["count"] >= 200 and rows[0]["bytes"] >= 4096 * rows[0]["count"]
