@@ -35,6 +35,8 @@
 #                                             # graphs, chat compiled): which grows the engine's heap; MEMRAY=S:E
 #                                             # records each engine's native allocations from S to E s (memray,
 #                                             # staged in .stage/extra) and lists what they left live (leaks.txt)
+#   bash scripts/gpu_check.sh op-leak         # host bytes per call of vLLM's KV-cache write and of a stable-ABI op
+#                                             # with a `str` argument (bench/op_leak.py): the chat path's leak
 #   bash scripts/gpu_check.sh soak-start      # the same soak (or SOAK_MODE) outliving the call (setsid); then
 #   bash scripts/gpu_check.sh soak-collect    # on the same machine: wait for it, results to $OUT
 #   bash scripts/gpu_check.sh startup         # first (cold caches) and second start of the backend, 0.6B and
@@ -388,15 +390,23 @@ PY
       --backend-arg=--kv-cache-memory-bytes=2G --out "$out/split" 2>&1 | quiet | tail -20 | tee "$out/split.txt"
     find "$out" -name "*.memray" -delete  # read here into leaks.txt; its native frames resolve only on this machine
     ;;
+  op-leak)  # seconds: builds bench/op_leak.cpp (g++, ninja) and calls each op 200k times
+    python3 -m bench.op_leak --json "$out/op_leak.json" 2>&1 | quiet | tee "$out/op_leak.txt"
+    ;;
   soak-start)  # the soak (or SOAK_MODE, e.g. heap-split) in its own session, outliving this call (10 minutes and
                # the start exceed one call's limit); `soak-collect` in the next call, on the same machine, waits
     mkdir -p /tmp/soak-out
-    OUT=/tmp/soak-out setsid nohup bash scripts/gpu_check.sh "${SOAK_MODE:-soak}" > /tmp/soak-out/run.log 2>&1 \
-      < /dev/null &
+    # the run writes its own pid: soak-collect waits on it (a pgrep on the command would match the caller's own)
+    OUT=/tmp/soak-out setsid nohup bash -c 'echo $$ > /tmp/soak-out/soak.pid; exec bash scripts/gpu_check.sh "$0"' \
+      "${SOAK_MODE:-soak}" > /tmp/soak-out/run.log 2>&1 < /dev/null &
     sleep "${WAIT_S:-30}"; tail -5 /tmp/soak-out/run.log
     ;;
-  soak-collect)
-    while pgrep -f "bench.soak" > /dev/null; do sleep 5; done
+  soak-collect)  # waits COLLECT_S at most (default 540, inside one call); still running, it returns what is there
+    pid=$(cat /tmp/soak-out/soak.pid 2>/dev/null || true); waited=0
+    while [ -n "$pid" ] && kill -0 "$pid" 2> /dev/null && [ "$waited" -lt "${COLLECT_S:-540}" ]; do
+      sleep 5; waited=$((waited + 5))
+    done
+    [ -n "$pid" ] && kill -0 "$pid" 2> /dev/null && echo "soak-collect: still running after $waited s (collect again)"
     cp -r /tmp/soak-out/. "$out/"; tail -30 "$out/run.log"
     # With POCSERVE_HEAP_PROFILE_S given to soak-start: the engine's heap_profile lines (backend/core/heap_profile.py)
     work=$(python3 -c "import json; print(json.load(open('$out/soak.json'))['config']['work_dir'])" 2>/dev/null || true)

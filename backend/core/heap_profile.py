@@ -54,6 +54,12 @@ def _mallinfo2():
     return fn
 
 
+def malloc_in_use_bytes() -> int | None:
+    """glibc's bytes in use in all its arenas (mallinfo2's uordblks); None where it has no mallinfo2."""
+    fn = _mallinfo2()
+    return None if fn is None else int(fn().uordblks)
+
+
 def malloc_stats_mb() -> dict[str, float]:
     """glibc's view of its heap, MB: in use, free but kept, and its mmapped chunks; {} where it has no mallinfo2."""
     fn = _mallinfo2()
