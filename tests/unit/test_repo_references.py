@@ -34,6 +34,7 @@ PATH = re.compile(r"(?<![\w./-])((?:\.\.?/)*[\w.-]*\w(?:/[\w.-]+)*\.(?:py|md|sh|
 
 # Other projects' files that the repository names on purpose, by path prefix or bare name: whose they are.
 EXTERNAL = {
+    "torch/": "PyTorch's installed package (a frame of a native heap profile)",
     "vllm/": "vLLM's source tree (the fork, gonka-ai/vllm, keeps the same layout and adds vllm/poc/)",
     "tests/gonka/": "the fork's tests (gonka-ai/vllm)",
     "decentralized-api/": "dapi, the network's node (gonka-ai/gonka)",
