@@ -37,6 +37,8 @@
 #                                             # staged in .stage/extra) and lists what they left live (leaks.txt)
 #   bash scripts/gpu_check.sh op-leak         # host bytes per call of vLLM's KV-cache write and of a stable-ABI op
 #                                             # with a `str` argument (bench/op_leak.py): the chat path's leak
+#   bash scripts/gpu_check.sh moe-tune        # Triton fused-MoE tiles for the 235B's experts on this GPU where vLLM
+#                                             # ships none (bench/moe_tune.py; MOETUNE="N [SPACE]", default 1536)
 #   bash scripts/gpu_check.sh soak-start      # the same soak (or SOAK_MODE) outliving the call (setsid); then
 #   bash scripts/gpu_check.sh soak-collect    # on the same machine: wait for it, results to $OUT
 #   bash scripts/gpu_check.sh startup         # first (cold caches) and second start of the backend, 0.6B and
@@ -392,6 +394,11 @@ PY
     ;;
   op-leak)  # seconds: builds bench/op_leak.cpp (g++, ninja) and calls each op 200k times
     python3 -m bench.op_leak --json "$out/op_leak.json" 2>&1 | quiet | tee "$out/op_leak.txt"
+    ;;
+  moe-tune)  # the file lands in $out/moe-configs, for VLLM_TUNED_CONFIG_FOLDER
+    read -r n space <<< "${MOETUNE:-1536 small}"
+    python3 -m bench.moe_tune --intermediate "$n" --space "${space:-small}" --out "$out/moe-configs" \
+      --json "$out/moe_tune.json" 2>&1 | quiet | tee "$out/moe_tune.txt"
     ;;
   soak-start)  # the soak (or SOAK_MODE, e.g. heap-split) in its own session, outliving this call (10 minutes and
                # the start exceed one call's limit); `soak-collect` in the next call, on the same machine, waits

@@ -1,0 +1,162 @@
+"""Tile configs for vLLM's Triton fused MoE where vLLM ships none: block-FP8 experts of one GPU's shape.
+
+    python -m bench.moe_tune --experts 128 --intermediate 1536 --hidden 4096 --topk 8 --out moe-configs
+
+vLLM 0.26 picks the Triton MoE kernel's tiles per batch size from a JSON file named by the experts, the
+intermediate size per GPU (N), the device and the quantization (`get_config_file_name`), first in
+VLLM_TUNED_CONFIG_FOLDER, then in its own `fused_moe/configs/`. For the network's Qwen3-235B-A22B-FP8 it ships H200
+files for N=768 and 384 (TP=2 and 4), none for N=1536 (one GPU) or 192 (TP=8), and falls back to one heuristic
+config ("Using default MoE config"). This times vLLM's own `fused_experts` (both GEMMs, the activation's
+quantisation, the sum over top-k) under `override_config` for each candidate in `search_space` at each batch size,
+on random FP8 weights with 128 × 128 block scales, and writes the fastest per batch size under that file name. Each
+candidate is timed as a CUDA graph of `--iters` calls, the GPU's time alone, as a graphed decode step runs it; the
+default config is timed alike, for the gain. Compiling a candidate takes Triton about a second: `--space small`
+keeps a run inside ten minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+# vLLM's batch-size grid for its shipped files: a decode step's token counts, then prefill chunks.
+BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
+
+
+def search_space(block_shape: tuple[int, int], size: str = "small") -> list[dict[str, int]]:
+    """Candidate tiles. The N and K tiles divide the quantisation block (the kernel reads one scale per block);
+    `small` drops the rarely-best corners (GROUP_SIZE_M 32, 5 stages)."""
+    block_n, block_k = block_shape
+    groups, stages = ((1, 16, 64), (3, 4)) if size == "small" else ((1, 16, 32, 64), (3, 4, 5))
+    out = []
+    for m, n, k, g, w, s in itertools.product((16, 32, 64, 128), (64, 128), (64, 128), groups, (4, 8), stages):
+        if block_n % n or block_k % k or (size == "small" and k != block_k):
+            continue
+        out.append({"BLOCK_SIZE_M": m, "BLOCK_SIZE_N": n, "BLOCK_SIZE_K": k, "GROUP_SIZE_M": g, "num_warps": w,
+                    "num_stages": s})
+    return out
+
+
+def best_per_batch(timings: dict[int, list[tuple[float, dict[str, int]]]]) -> dict[int, dict]:
+    """The fastest config per batch size, of (microseconds, config) pairs; failed candidates are left out before."""
+    return {m: min(pairs, key=lambda p: p[0])[1] for m, pairs in sorted(timings.items()) if pairs}
+
+
+def config_file(best: dict[int, dict], triton_version: str) -> str:
+    """The JSON vLLM reads: batch size to config, and the Triton version it was tuned with (vLLM drops that key)."""
+    body: dict[str, object] = {"triton_version": triton_version}
+    body.update({str(m): cfg for m, cfg in sorted(best.items())})
+    return json.dumps(body, indent=4) + "\n"
+
+
+class Problem:
+    """One layer's experts in block FP8 and a batch's routing: what `fused_experts` is timed on."""
+
+    def __init__(self, experts: int, intermediate: int, hidden: int, topk: int, block: tuple[int, int]):
+        import torch
+
+        fp8 = torch.float8_e4m3fn
+        self.experts, self.intermediate, self.hidden, self.topk, self.block = experts, intermediate, hidden, topk, block
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        self.w1 = (torch.randn(experts, 2 * intermediate, hidden, device="cuda", generator=gen) * 0.05).to(fp8)
+        self.w2 = (torch.randn(experts, hidden, intermediate, device="cuda", generator=gen) * 0.05).to(fp8)
+        bn, bk = block
+        self.w1_scale = torch.rand(experts, -(-2 * intermediate // bn), -(-hidden // bk), device="cuda",
+                                   generator=gen) * 0.01 + 0.001
+        self.w2_scale = torch.rand(experts, -(-hidden // bn), -(-intermediate // bk), device="cuda",
+                                   generator=gen) * 0.01 + 0.001
+
+    def inputs(self, m: int):
+        import torch
+
+        gen = torch.Generator(device="cuda").manual_seed(m)
+        x = torch.randn(m, self.hidden, device="cuda", dtype=torch.bfloat16, generator=gen)
+        logits = torch.randn(m, self.experts, device="cuda", generator=gen)
+        weights, ids = torch.softmax(logits, dim=-1).topk(self.topk, dim=-1)
+        return x, weights.float(), ids.to(torch.int32)
+
+    def call(self, x, weights, ids):
+        from vllm.model_executor.layers.fused_moe import fused_experts
+        from vllm.model_executor.layers.fused_moe.config import fp8_w8a8_moe_quant_config
+
+        quant = fp8_w8a8_moe_quant_config(w1_scale=self.w1_scale, w2_scale=self.w2_scale,
+                                          block_shape=list(self.block))
+        return fused_experts(x, self.w1, self.w2, weights, ids, quant_config=quant)
+
+
+def time_config(problem: Problem, m: int, config: dict | None, iters: int) -> float:
+    """Microseconds per call of `fused_experts` at batch m under config (None: vLLM's own pick), as a CUDA graph
+    of `iters` calls replayed three times; the first call outside compiles the kernels."""
+    import torch
+    from vllm.model_executor.layers.fused_moe import override_config
+
+    x, weights, ids = problem.inputs(m)
+    with override_config(config):
+        problem.call(x, weights, ids)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(iters):
+                problem.call(x, weights, ids)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / (3 * iters)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--experts", type=int, default=128)
+    p.add_argument("--intermediate", type=int, default=1536, help="the experts' intermediate size on one GPU (N)")
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--topk", type=int, default=8)
+    p.add_argument("--block", default="128,128", help="the weights' quantisation block, N,K")
+    p.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)))
+    p.add_argument("--space", choices=("small", "full"), default="small")
+    p.add_argument("--iters", type=int, default=10, help="calls per CUDA graph")
+    p.add_argument("--out", type=Path, required=True, help="a folder for VLLM_TUNED_CONFIG_FOLDER")
+    p.add_argument("--json", help="every timing, to this file")
+    args = p.parse_args(argv)
+    import torch
+    import triton
+    from vllm.model_executor.layers.fused_moe.fused_moe import get_config_file_name
+
+    block_n, block_k = (int(v) for v in args.block.split(","))
+    block = (block_n, block_k)
+    batch_sizes = [int(v) for v in args.batch_sizes.split(",") if v]
+    space = search_space(block, args.space)
+    problem = Problem(args.experts, args.intermediate, args.hidden, args.topk, block)
+    name = get_config_file_name(args.experts, args.intermediate, "fp8_w8a8", list(block))
+    print(f"{torch.cuda.get_device_name()}: {name}, {len(space)} candidates x {len(batch_sizes)} batch sizes")
+    timings: dict[int, list[tuple[float, dict[str, int]]]] = {}
+    rows, started = [], time.monotonic()
+    for m in batch_sizes:
+        default_us = time_config(problem, m, None, args.iters)
+        timings[m] = []
+        for cfg in space:
+            try:
+                timings[m].append((time_config(problem, m, cfg, args.iters), cfg))
+            except Exception as e:  # out of shared memory or registers for this tile: not a candidate here
+                print(f"  M={m} {cfg}: {type(e).__name__}: {str(e)[:120]}")
+        best_us, best_cfg = min(timings[m], key=lambda t: t[0]) if timings[m] else (float("nan"), {})
+        rows.append({"batch": m, "default_us": round(default_us, 2), "best_us": round(best_us, 2), "best": best_cfg})
+        print(f"M={m:5d}  default {default_us:9.1f} us  best {best_us:9.1f} us  gain {default_us / best_us:5.2f}x  "
+              f"{best_cfg}  ({time.monotonic() - started:.0f} s)", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / name).write_text(config_file(best_per_batch(timings), triton.__version__))
+    print(f"wrote {args.out / name}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"file": name, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

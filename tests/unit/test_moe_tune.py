@@ -1,0 +1,25 @@
+"""bench/moe_tune.py: the candidates divide the quantisation block, the fastest wins per batch, and the file is
+the one vLLM reads (batch sizes as keys, the Triton version beside them)."""
+
+import json
+
+from bench import moe_tune
+
+
+def test_candidates_divide_the_block():
+    for size in ("small", "full"):
+        space = moe_tune.search_space((128, 128), size)
+        assert space and len({json.dumps(c, sort_keys=True) for c in space}) == len(space)
+        assert all(128 % c["BLOCK_SIZE_N"] == 0 and 128 % c["BLOCK_SIZE_K"] == 0 for c in space)
+    assert len(moe_tune.search_space((128, 128), "small")) < len(moe_tune.search_space((128, 128), "full"))
+    # a 64-wide block rules out the 128-wide tiles
+    assert all(c["BLOCK_SIZE_N"] == 64 for c in moe_tune.search_space((64, 128), "full"))
+
+
+def test_fastest_per_batch_and_the_file_vllm_reads():
+    a, b = {"BLOCK_SIZE_M": 16}, {"BLOCK_SIZE_M": 64}
+    best = moe_tune.best_per_batch({64: [(9.0, a), (7.5, b)], 1: [(3.0, a), (4.0, b)], 8: []})
+    assert best == {1: a, 64: b}  # a batch size with no working candidate is left to vLLM's default
+    body = json.loads(moe_tune.config_file(best, "3.5.0"))
+    assert body.pop("triton_version") == "3.5.0"
+    assert {int(k): v for k, v in body.items()} == best
