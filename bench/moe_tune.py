@@ -58,9 +58,10 @@ class Problem:
 
     def __init__(self, experts: int, intermediate: int, hidden: int, topk: int, block: tuple[int, int]):
         import torch
+        from vllm.model_executor.layers.fused_moe.config import fp8_w8a8_moe_quant_config
 
         fp8 = torch.float8_e4m3fn
-        self.experts, self.intermediate, self.hidden, self.topk, self.block = experts, intermediate, hidden, topk, block
+        self.experts, self.hidden, self.topk = experts, hidden, topk
         gen = torch.Generator(device="cuda").manual_seed(0)
         self.w1 = (torch.randn(experts, 2 * intermediate, hidden, device="cuda", generator=gen) * 0.05).to(fp8)
         self.w2 = (torch.randn(experts, hidden, intermediate, device="cuda", generator=gen) * 0.05).to(fp8)
@@ -69,6 +70,7 @@ class Problem:
                                    generator=gen) * 0.01 + 0.001
         self.w2_scale = torch.rand(experts, -(-hidden // bn), -(-intermediate // bk), device="cuda",
                                    generator=gen) * 0.01 + 0.001
+        self.quant = fp8_w8a8_moe_quant_config(w1_scale=self.w1_scale, w2_scale=self.w2_scale, block_shape=list(block))
 
     def inputs(self, m: int):
         import torch
@@ -81,11 +83,8 @@ class Problem:
 
     def call(self, x, weights, ids):
         from vllm.model_executor.layers.fused_moe import fused_experts
-        from vllm.model_executor.layers.fused_moe.config import fp8_w8a8_moe_quant_config
 
-        quant = fp8_w8a8_moe_quant_config(w1_scale=self.w1_scale, w2_scale=self.w2_scale,
-                                          block_shape=list(self.block))
-        return fused_experts(x, self.w1, self.w2, weights, ids, quant_config=quant)
+        return fused_experts(x, self.w1, self.w2, weights, ids, quant_config=self.quant)
 
 
 def time_config(problem: Problem, m: int, config: dict | None, iters: int) -> float:
