@@ -23,8 +23,11 @@ import sys
 import time
 from pathlib import Path
 
-# vLLM's batch-size grid for its shipped files: a decode step's token counts, then prefill chunks.
-BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
+# vLLM's batch-size grid for its shipped files (a decode step's token counts, then prefill chunks), then PoC's:
+# fused_experts takes the whole forward as M (no chunking), 32-64 nonces x 1024 tokens, and vLLM uses the nearest
+# key, so without these a PoC forward runs on the tiles tuned for 4096 tokens.
+BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096,
+               8192, 16384, 32768, 65536)
 
 
 def search_space(block_shape: tuple[int, int], size: str = "small") -> list[dict[str, int]]:
@@ -121,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)))
     p.add_argument("--space", choices=("small", "full"), default="small")
     p.add_argument("--iters", type=int, default=10, help="calls per CUDA graph")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="stop before the next batch size once this many seconds have passed (the file keeps the "
+                        "batch sizes done: vLLM takes the nearest one)")
     p.add_argument("--out", type=Path, required=True, help="a folder for VLLM_TUNED_CONFIG_FOLDER")
     p.add_argument("--json", help="every timing, to this file")
     args = p.parse_args(argv)
@@ -149,11 +155,15 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"batch": m, "default_us": round(default_us, 2), "best_us": round(best_us, 2), "best": best_cfg})
         print(f"M={m:5d}  default {default_us:9.1f} us  best {best_us:9.1f} us  gain {default_us / best_us:5.2f}x  "
               f"{best_cfg}  ({time.monotonic() - started:.0f} s)", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / name).write_text(config_file(best_per_batch(timings), triton.__version__))
-    print(f"wrote {args.out / name}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"file": name, "rows": rows}, indent=1))
+        # Written after every batch size: a run cut short (a device call's limit) still leaves a usable file.
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / name).write_text(config_file(best_per_batch(timings), triton.__version__))
+        if args.json:
+            Path(args.json).write_text(json.dumps({"file": name, "rows": rows}, indent=1))
+        if args.budget_s is not None and time.monotonic() - started > args.budget_s and m != batch_sizes[-1]:
+            print(f"budget of {args.budget_s:.0f} s spent: stopped after M={m}")
+            break
+    print(f"wrote {args.out / name} ({len(rows)} batch sizes)")
     return 0
 
 

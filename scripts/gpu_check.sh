@@ -18,7 +18,8 @@
 #   bash scripts/gpu_check.sh bench-serving   # this stack vs `vllm serve`, same install and model
 #   bash scripts/gpu_check.sh bench-serving-rounds [custom-ops]  # the same, both servers up at once (0.4 of the
 #                                             # GPU each), ROUNDS (default 6) pairs of interleaved rounds; custom-ops
-#                                             # gives `vllm serve` our custom_ops ["all"] (one call each, < 9 min)
+#                                             # gives `vllm serve` our custom_ops ["all"] (one call each, < 9 min);
+#                                             # RMODEL="235b LAYERS": the 235B slice (block-FP8, dummy weights)
 #   bash scripts/gpu_check.sh bench-beside    # validation jobs and 16 streaming chats beside a round (0.6B)
 #   bash scripts/gpu_check.sh bench-moe N Q   # the qwen3-235b-a22b shape at N layers (default 1), Q none|fp8:
 #                                             # PoC vs bare forward, chat vs `vllm serve`, first and second start
@@ -211,7 +212,8 @@ case "${1:-tests}" in
     ;;
   kernels)  # every FP8 MoE and linear path on the 235B slice (KLAYERS layers, default 12; block-FP8, dummy
             # weights): PoC vs bare at 32 and 64 x 1024, the FP8 peak, 256 nonces' artifacts per path and every
-            # pair's L2 and verdicts (bench/kernel_paths.py). KERNELS="NAME:MOE:LINEAR:DEEP_GEMM:E8M0 ..."
+            # pair's L2 and verdicts (bench/kernel_paths.py). KERNELS="NAME:MOE:LINEAR:DEEP_GEMM:E8M0[:TUNED] ..."
+            # TUNED: a folder of Triton fused-MoE configs (moe-tune's), given as VLLM_TUNED_CONFIG_FOLDER
     layers=${KLAYERS:-12}
     weights=(--config-only)  # vLLM's dummy weights: for speed; their layers barely move the residual stream, so
     if [ "${KWEIGHTS:-dummy}" = seeded ]; then  # the artifacts' distances between paths need the seeded ones
@@ -224,11 +226,11 @@ case "${1:-tests}" in
     kout=/tmp/kernels-${KWEIGHTS:-dummy}; mkdir -p "$kout"
     echo "nvcc: ${nvcc:-none}  CUDA_HOME: ${CUDA_HOME:-unset}  DeepGEMM staged: $([ -f /tmp/site/.staged-p5 ] && echo yes || echo no)" | tee -a "$out/kernels.txt"
     for spec in ${KERNELS:-triton:triton:auto:0:0 stock:auto:auto:1:1 deepgemm:deep_gemm:deep_gemm:1:0 deepgemm_e8m0:deep_gemm:deep_gemm:1:1}; do
-      IFS=: read -r name moe linear dg e8m0 <<< "$spec"
+      IFS=: read -r name moe linear dg e8m0 tuned <<< "$spec"
       free_gpus
-      echo "== $name: --moe-backend $moe --linear-backend $linear VLLM_USE_DEEP_GEMM=$dg VLLM_USE_DEEP_GEMM_E8M0=$e8m0" | tee -a "$out/kernels.txt"
+      echo "== $name: --moe-backend $moe --linear-backend $linear VLLM_USE_DEEP_GEMM=$dg VLLM_USE_DEEP_GEMM_E8M0=$e8m0${tuned:+ VLLM_TUNED_CONFIG_FOLDER=$tuned ($(ls "$tuned" 2>&1 | tr '\n' ' '))}" | tee -a "$out/kernels.txt"
       started=$(date +%s)
-      VLLM_USE_DEEP_GEMM=$dg VLLM_MOE_USE_DEEP_GEMM=$dg VLLM_USE_DEEP_GEMM_E8M0=$e8m0 VLLM_DEEP_GEMM_WARMUP=skip \
+      env ${tuned:+VLLM_TUNED_CONFIG_FOLDER=$tuned} VLLM_USE_DEEP_GEMM=$dg VLLM_MOE_USE_DEEP_GEMM=$dg VLLM_USE_DEEP_GEMM_E8M0=$e8m0 VLLM_DEEP_GEMM_WARMUP=skip \
       timeout --signal=INT "${KTIMEOUT_S:-240}" python3 -m bench.poc_forward --shape qwen3-235b-a22b \
         --num-layers "$layers" --quant fp8 "${weights[@]}" --model-dir "$dir" --seq-lens 1024 --batches ${KBATCHES:-32 64} \
         --iters "${KITERS:-2}" --rounds 3 --gpu-memory-utilization 0.85 --engine-arg=--enforce-eager \
@@ -395,9 +397,11 @@ PY
   op-leak)  # seconds: builds bench/op_leak.cpp (g++, ninja) and calls each op 200k times
     python3 -m bench.op_leak --json "$out/op_leak.json" 2>&1 | quiet | tee "$out/op_leak.txt"
     ;;
-  moe-tune)  # the file lands in $out/moe-configs, for VLLM_TUNED_CONFIG_FOLDER
+  moe-tune)  # the file lands in $out/moe-configs, for VLLM_TUNED_CONFIG_FOLDER; MOETUNE_BUDGET (s) stops it before
+             # the next batch size, MOETUNE_BATCHES="M,M,..." picks them (and their order)
     read -r n space <<< "${MOETUNE:-1536 small}"
     python3 -m bench.moe_tune --intermediate "$n" --space "${space:-small}" --out "$out/moe-configs" \
+      ${MOETUNE_BUDGET:+--budget-s "$MOETUNE_BUDGET"} ${MOETUNE_BATCHES:+--batch-sizes "$MOETUNE_BATCHES"} \
       --json "$out/moe_tune.json" 2>&1 | quiet | tee "$out/moe_tune.txt"
     ;;
   soak-start)  # the soak (or SOAK_MODE, e.g. heap-split) in its own session, outliving this call (10 minutes and
@@ -549,17 +553,27 @@ PY
                          # EXTRA adds bench.serving flags (e.g. EXTRA="--min-tokens 64": spread lengths, lead (a)).
                          # SPY_S (where py-spy is staged): both servers' processes sampled by py-spy for SPY_S s
                          # from the first round on (spy-ours.txt, spy-vllm.txt: collapsed stacks, busy samples only)
+                         # RMODEL="235b LAYERS": the 235B shape's block-FP8 slice, dummy weights, on both servers
     control=${2:-none}
     case "$control" in
       none) vflags=() ;;
       custom-ops) vflags=(--vllm-arg=--compilation-config '--vllm-arg={"custom_ops":["all"]}') ;;  # lead (b)
       *) echo "bench-serving-rounds: unknown control $control (none, custom-ops)" >&2; exit 2 ;;
     esac
+    read -r rshape rlayers <<< "${RMODEL:-0.6b}"
+    case "$rshape" in
+      0.6b) model=(--shape qwen3-0.6b --model-dir models/qwen3-0.6b) ;;
+      235b)  # both servers on the same block-FP8 kernels; DeepGEMM's JIT warm-up would take the call's minutes
+        config_only "${rlayers:-8}" fp8
+        model=(--model-dir "$dir" --engine-arg=--load-format --engine-arg=dummy --max-model-len 8192)
+        export VLLM_DEEP_GEMM_WARMUP=skip VLLM_USE_DEEP_GEMM_E8M0=0 ;;
+      *) echo "bench-serving-rounds: unknown RMODEL $RMODEL (0.6b, 235b LAYERS)" >&2; exit 2 ;;
+    esac
     free_gpus
     log=$out/serving-rounds-$control.log
     [ -n "${SPY_S:-}" ] && spy "$log" "$SPY_S" &
-    timeout --signal=INT "${TIMEOUT_S:-450}" python3 -m bench.serving --shape qwen3-0.6b \
-      --model-dir models/qwen3-0.6b --num-requests "${NREQ:-512}" --concurrency 64 --max-tokens 128 --max-num-seqs 256 \
+    timeout --signal=INT "${TIMEOUT_S:-450}" python3 -m bench.serving "${model[@]}" \
+      --num-requests "${NREQ:-512}" --concurrency 64 --max-tokens 128 --max-num-seqs 256 \
       --max-num-batched-tokens 8192 --gpu-memory-utilization 0.4 --rounds "${ROUNDS:-6}" --max-warmup-rounds 4 \
       --settle-s 3 "${vflags[@]}" ${EXTRA:-} --device-note "$(nvidia-smi --query-gpu=name --format=csv,noheader)" \
       --json "$out/serving-rounds-$control.json" > "$log" 2>&1 || echo "bench.serving: exit $? (130: cut by TIMEOUT_S)"
