@@ -18,34 +18,15 @@ section 4):
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from backend.core.heap_profile import malloc_in_use_bytes
+from backend.core.heap_profile import bytes_per_call
 
 HERE = Path(__file__).resolve().parent
-
-
-def bytes_per_call(fn: Callable[[], object], calls: int, warmup: int = 1000) -> float:
-    """glibc's growth in bytes in use over `calls` calls of fn, per call, after `warmup` calls (caches filled)."""
-    for _ in range(warmup):
-        fn()
-    gc.collect()
-    gc.disable()  # a collection inside the loop would free unrelated memory and read as a negative leak
-    try:
-        before = malloc_in_use_bytes()
-        for _ in range(calls):
-            fn()
-        after = malloc_in_use_bytes()
-    finally:
-        gc.enable()
-    if before is None or after is None:
-        raise RuntimeError("glibc's mallinfo2 is not available here (glibc >= 2.33 needed)")
-    return (after - before) / calls
 
 
 def stable_ops() -> dict[str, Callable[[], object]]:

@@ -26,9 +26,11 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import dataclasses
+import gc
 import os
 import threading
 import tracemalloc
+from collections.abc import Callable
 
 import structlog
 
@@ -58,6 +60,26 @@ def malloc_in_use_bytes() -> int | None:
     """glibc's bytes in use in all its arenas (mallinfo2's uordblks); None where it has no mallinfo2."""
     fn = _mallinfo2()
     return None if fn is None else int(fn().uordblks)
+
+
+def bytes_per_call(fn: Callable[[], object], calls: int, warmup: int = 1000) -> float:
+    """glibc's growth in bytes in use over `calls` calls of fn, per call, after `warmup` calls (caches filled)."""
+    for _ in range(warmup):
+        fn()
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()  # a collection inside the loop would free unrelated memory and read as a negative leak
+    try:
+        before = malloc_in_use_bytes()
+        for _ in range(calls):
+            fn()
+        after = malloc_in_use_bytes()
+    finally:
+        if enabled:
+            gc.enable()
+    if before is None or after is None:
+        raise RuntimeError("glibc's mallinfo2 is not available here (glibc >= 2.33 needed)")
+    return (after - before) / calls
 
 
 def malloc_stats_mb() -> dict[str, float]:

@@ -21,7 +21,7 @@ from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest  # noqa: E402
 from vllm.v1.engine.core import EngineCore  # noqa: E402
 from vllm.v1.executor import Executor  # noqa: E402
 
-from backend.engine import kernels, parallel, warmup  # noqa: E402
+from backend.engine import kernels, leak_check, parallel, warmup  # noqa: E402
 from backend.engine.args import USAGE_CONTEXT  # noqa: E402
 from backend.engine.poc import PocRunner  # noqa: E402
 from backend.startup.settings import BackendSettings  # noqa: E402
@@ -79,6 +79,7 @@ class Engine:
             self.poc.pipelines = self._prepare_pipeline(settings)
             self._warm_up_kernels(settings, step_tokens)
             self._warm_up_poc_kernels()
+            self._check_kv_write_leak()
         except BaseException:
             self.core.shutdown()  # the workers are processes of their own under TP/PP
             raise
@@ -113,6 +114,11 @@ class Engine:
         done = self.core.collective_rpc("poc_warm_up_kernels")
         log.info("poc_kernel_warmup", triton_builds=max(int(d["triton_builds"]) for d in done),
                  elapsed_s=round(max(d["elapsed_s"] for d in done), 2))
+
+    def _check_kv_write_leak(self) -> None:
+        """A CUDA build whose KV-cache write leaks on every eager call says so once at start (leak_check.py)."""
+        if str(self.vllm_config.device_config.device_type) == "cuda":
+            leak_check.report(self.core.collective_rpc("kv_write_leak"))
 
     def _prepare_overlap(self, settings: BackendSettings) -> bool:
         """Whether PoC forwards run beside chat steps (--poc-overlap); sets up the worker's streams if so."""

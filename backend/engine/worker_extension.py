@@ -1,14 +1,16 @@
-"""The single worker-extension class vLLM mixes into its Worker: PoC forward, enforced sampling, kernel warm-up."""
+"""The single worker-extension class vLLM mixes into its Worker: PoC forward, enforced sampling, kernel warm-up,
+the KV-cache write's leak check."""
 
 from typing import Any
 
 from backend.engine import compat
+from backend.engine.leak_check import LeakCheckExtension
 from backend.engine.pocworker.extension import PocWorkerExtension
 from backend.engine.warmup import KernelWarmupExtension
 from sampling.enforced import EnforcedSamplingExtension
 
 
-class WorkerExtension(PocWorkerExtension, EnforcedSamplingExtension, KernelWarmupExtension):
+class WorkerExtension(PocWorkerExtension, EnforcedSamplingExtension, KernelWarmupExtension, LeakCheckExtension):
     model_runner: Any
 
     def prepare_pipeline_stage(self) -> bool:
