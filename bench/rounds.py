@@ -7,6 +7,9 @@ single pass; then rounds of the same load (the same prompts, the same lengths) a
 each system runs first in half of the pairs. A pair is one round of each system; its ratio ours/vllm is one
 sample, and the summary gives the median of the pairs' ratios with their min–max and IQR, and the medians of the
 pairs in which ours ran first and in which it ran second (a drift or an order effect shows as their difference).
+Whether the pairs can tell 5% is answered by the geometric mean of the ratios with its 95% interval (Student's t on
+the log ratios, the pairs taken as independent samples): narrower than ±5%, a 5% difference stands out; wider, the
+summary says how many pairs the same scatter would need.
 
 While one system runs its round the other is idle but up: its CPU is reported ("idle system" CPU %, should be ~0),
 and on a GPU it holds its memory share (--gpu-memory-utilization applies to each; 0.4 each on one H200). Each round
@@ -22,7 +25,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import math
 import os
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -160,6 +165,32 @@ def pair_ratios(rounds: list[dict]) -> list[dict]:
     return out
 
 
+# Student's t at 0.975 (a two-sided 95% interval) for 1..30 degrees of freedom; the normal's 1.96 beyond.
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+TELLS = 0.05  # the difference the bench must tell (issue 43)
+
+
+def _t975(df: int) -> float:
+    return T_975[df - 1] if df <= len(T_975) else 1.96
+
+
+def interval(ratios: list[float]) -> dict[str, float] | None:
+    """The geometric mean of the pairs' ratios and its 95% interval, on the log ratios (a ratio and its inverse
+    weigh alike); its half-width in percent; and the pairs a ±TELLS interval would need at this scatter. None
+    below two pairs."""
+    n = len(ratios)
+    if n < 2:
+        return None
+    logs = [math.log(r) for r in ratios]
+    mean, sd = statistics.fmean(logs), statistics.stdev(logs)
+    half = _t975(n - 1) * sd / math.sqrt(n)
+    limit = math.log1p(TELLS)
+    needed = next((m for m in range(2, 10_000) if _t975(m - 1) * sd / math.sqrt(m) <= limit), 10_000)
+    return {"geomean": math.exp(mean), "low": math.exp(mean - half), "high": math.exp(mean + half),
+            "half_width_pct": 100 * math.expm1(half), "pairs_needed": needed}
+
+
 def spread(values: list[float]) -> dict[str, float]:
     return {"median": percentile(values, 50), "min": min(values), "max": max(values),
             "q1": percentile(values, 25), "q3": percentile(values, 75)}
@@ -172,14 +203,15 @@ def summarize_pairs(rounds: list[dict]) -> dict:
     if not pairs:
         return {}
     ratios = {key: spread([p[key] for p in pairs]) for _, key in RATIO_KEYS}
+    intervals = {key: interval([p[key] for p in pairs]) for _, key in RATIO_KEYS}
     by_first = {}
     for first in ("ours", "vllm"):
         chosen = [p["req_per_s"] for p in pairs if p["first"] == first]
         if chosen:
             by_first[first] = percentile(chosen, 50)
     own = {name: spread([r["req_per_s"] for r in rounds if r["system"] == name]) for name in ("ours", "vllm")}
-    return {"pairs": pairs, "ratios": ratios, "req_per_s_ratio_by_first": by_first, "req_per_s_by_system": own,
-            "req_per_s_by_previous": by_previous(rounds)}
+    return {"pairs": pairs, "ratios": ratios, "intervals": intervals, "req_per_s_ratio_by_first": by_first,
+            "req_per_s_by_system": own, "req_per_s_by_previous": by_previous(rounds)}
 
 
 def by_previous(rounds: list[dict]) -> dict[str, dict[str, float]]:
@@ -219,6 +251,15 @@ def print_summary(summary: dict) -> None:
         width = 100 * (s["max"] - s["min"]) / s["median"]
         print(f"  {label:13} {s['median']:.3f} [{s['min']:.3f}–{s['max']:.3f}] (IQR {s['q1']:.3f}–{s['q3']:.3f}); "
               f"min–max {width:.1f}% of the median")
+    print(f"ours/vllm, geometric mean [95% interval]: a {100 * TELLS:.0f}% difference stands out where the interval "
+          f"is narrower than ±{100 * TELLS:.0f}%")
+    for label, key in RATIO_KEYS:
+        if (i := summary["intervals"][key]) is None:
+            continue
+        verdict = ("stands out" if i["half_width_pct"] <= 100 * TELLS
+                   else f"does not; ~{i['pairs_needed']} pairs would at this scatter")
+        print(f"  {label:13} {i['geomean']:.3f} [{i['low']:.3f}–{i['high']:.3f}], ±{i['half_width_pct']:.1f}%: "
+              f"{100 * TELLS:.0f}% {verdict}")
     by_first = summary["req_per_s_ratio_by_first"]
     print("  requests/s ratio, median by first system: "
           + ", ".join(f"{name} first {value:.3f}" for name, value in by_first.items()))

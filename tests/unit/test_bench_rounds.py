@@ -1,11 +1,13 @@
-"""bench.serving --rounds: the run order A,B,B,A,..., the pairs' ratios and their spread, and the `vllm serve`-only
-flags merged with the all-reduce fusion decision."""
+"""bench.serving --rounds: the run order A,B,B,A,..., the pairs' ratios, their spread and their interval, and the
+`vllm serve`-only flags merged with the all-reduce fusion decision."""
 
 import json
+import math
+import statistics
 
 import pytest
 
-from bench.rounds import pair_ratios, round_order, summarize_pairs
+from bench.rounds import interval, pair_ratios, round_order, summarize_pairs
 from bench.serving import parse_args, vllm_extra_flags
 
 
@@ -39,6 +41,33 @@ def test_pairs_give_ratios_ours_over_vllm_with_who_ran_first() -> None:
     assert summary["req_per_s_by_previous"] == {"ours": {"after_own": 10.0, "after_other": 11.0},
                                                 "vllm": {"after_own": 10.0, "after_other": 10.0}}
     assert summarize_pairs(rounds[:1]) == {}
+
+
+def test_the_interval_is_students_on_the_log_ratios() -> None:
+    ratios = [1.03, 0.98, 1.06, 1.01, 0.99, 1.04]
+    logs = [math.log(r) for r in ratios]
+    half = 2.571 * statistics.stdev(logs) / math.sqrt(6)  # t at 0.975, 5 degrees of freedom
+    i = interval(ratios)
+    assert i is not None
+    assert i["geomean"] == pytest.approx(math.exp(statistics.fmean(logs)))
+    assert (i["low"], i["high"]) == pytest.approx((i["geomean"] * math.exp(-half), i["geomean"] * math.exp(half)))
+    assert i["half_width_pct"] == pytest.approx(100 * math.expm1(half))
+    assert i["half_width_pct"] < 5 and i["pairs_needed"] <= 6  # this scatter tells 5% in 6 pairs
+    # a ratio and its inverse weigh alike: the geometric mean of 0.8 and 1.25 is 1
+    assert interval([0.8, 1.25])["geomean"] == pytest.approx(1.0)  # type: ignore[index]
+    assert interval([1.0]) is None
+
+
+def test_a_wide_scatter_says_how_many_pairs_would_tell() -> None:
+    wide = [0.85, 1.2, 0.95, 1.1, 0.9, 1.15]
+    i = interval(wide)
+    assert i is not None and i["half_width_pct"] > 5
+    sd = statistics.stdev(math.log(r) for r in wide)
+    n = i["pairs_needed"]
+    assert 1.96 * sd / math.sqrt(n) <= math.log(1.05)  # enough, even at the normal's quantile
+    assert 2.0 * sd / math.sqrt(n - 1) > math.log(1.05)  # and one fewer is not (t above 2.0 only below 60 pairs)
+    assert summarize_pairs([_round(s, p, 10.0 * r if s == "ours" else 10.0, 4.0) for p, r in enumerate(wide)
+                            for s in ("ours", "vllm")])["intervals"]["req_per_s"] == pytest.approx(i)
 
 
 def test_rounds_need_both_systems() -> None:
