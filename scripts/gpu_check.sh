@@ -17,7 +17,7 @@
 #   bash scripts/gpu_check.sh archs [SHAPES]  # the architecture tests on the CUDA engine (default tiny-minimax-m2)
 #   bash scripts/gpu_check.sh bench-serving   # this stack vs `vllm serve`, same install and model
 #   bash scripts/gpu_check.sh bench-serving-rounds [custom-ops]  # the same, both servers up at once (0.4 of the
-#                                             # GPU each), ROUNDS (default 6) pairs of interleaved rounds; custom-ops
+#                                             # GPU each), ROUNDS (default 12) pairs of interleaved rounds; custom-ops
 #                                             # gives `vllm serve` our custom_ops ["all"] (one call each, < 9 min);
 #                                             # RMODEL="235b LAYERS": the 235B slice (block-FP8, dummy weights)
 #   bash scripts/gpu_check.sh bench-beside    # validation jobs and 16 streaming chats beside a round (0.6B)
@@ -553,7 +553,8 @@ PY
                          # EXTRA adds bench.serving flags (e.g. EXTRA="--min-tokens 64": spread lengths, lead (a)).
                          # SPY_S (where py-spy is staged): both servers' processes sampled by py-spy for SPY_S s
                          # from the first round on (spy-ours.txt, spy-vllm.txt: collapsed stacks, busy samples only)
-                         # RMODEL="235b LAYERS": the 235B shape's block-FP8 slice, dummy weights, on both servers
+                         # RMODEL="235b LAYERS": the 235B shape's block-FP8 slice, dummy weights, on both servers.
+                         # 12 pairs: the H200's scatter of 2026-12-02 needs ~11 for a ±5% interval (bench/rounds.py)
     control=${2:-none}
     case "$control" in
       none) vflags=() ;;
@@ -574,7 +575,7 @@ PY
     [ -n "${SPY_S:-}" ] && spy "$log" "$SPY_S" &
     timeout --signal=INT "${TIMEOUT_S:-450}" python3 -m bench.serving "${model[@]}" \
       --num-requests "${NREQ:-512}" --concurrency 64 --max-tokens 128 --max-num-seqs 256 \
-      --max-num-batched-tokens 8192 --gpu-memory-utilization 0.4 --rounds "${ROUNDS:-6}" --max-warmup-rounds 4 \
+      --max-num-batched-tokens 8192 --gpu-memory-utilization 0.4 --rounds "${ROUNDS:-12}" --max-warmup-rounds 4 \
       --settle-s 3 "${vflags[@]}" ${EXTRA:-} --device-note "$(nvidia-smi --query-gpu=name --format=csv,noheader)" \
       --json "$out/serving-rounds-$control.json" > "$log" 2>&1 || echo "bench.serving: exit $? (130: cut by TIMEOUT_S)"
     wait
