@@ -12,7 +12,7 @@ section 4):
   leak the string on every call (pytorch/pytorch#191340, fixed in torch 2.14).
 - kv-cache-update (CUDA): vLLM's own reshape_and_cache_flash, which takes `str kv_cache_dtype`, on a tiny cache.
   Whether the installed vLLM build carries that leak (vllm-project/vllm#51185 patched its copy of the header for
-  builds against torch 2.13); cuda-copy is a plain aten op on the same tensors, for the launch's own cost.
+  builds against torch 2.13); cuda-copy is a plain aten op of the same size, for the launch's own cost.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from backend.core.heap_profile import bytes_per_call
+from backend.engine.leak_check import kv_cache_write
 
 HERE = Path(__file__).resolve().parent
 
@@ -42,24 +43,13 @@ def stable_ops() -> dict[str, Callable[[], object]]:
 
 
 def cuda_ops() -> dict[str, Callable[[], object]]:
-    """vLLM's KV-cache write as its flash-attention backend calls it (a [blocks, block, heads, head] cache), and a
-    plain copy on the same tensors."""
+    """vLLM's KV-cache write as the engine's start-up check calls it (backend/engine/leak_check.py), and a plain
+    copy of the same size."""
     import torch
-    from vllm import _custom_ops
 
-    tokens, heads, head_size, blocks, block_size = 4, 2, 64, 4, 16
-    key = torch.randn(tokens, heads, head_size, device="cuda", dtype=torch.bfloat16)
-    value = torch.randn_like(key)
-    key_cache = torch.zeros(blocks, block_size, heads, head_size, device="cuda", dtype=torch.bfloat16)
-    value_cache = torch.zeros_like(key_cache)
-    slots = torch.arange(tokens, device="cuda", dtype=torch.int64)
-    scale = torch.ones((), device="cuda", dtype=torch.float32)
+    key = torch.randn(4, 2, 64, device="cuda", dtype=torch.bfloat16)
     scratch = torch.empty_like(key)
-    return {
-        "kv-cache-update": lambda: _custom_ops.reshape_and_cache_flash(
-            key, value, key_cache, value_cache, slots, "auto", scale, scale),
-        "cuda-copy": lambda: scratch.copy_(key),
-    }
+    return {"kv-cache-update": kv_cache_write(torch.device("cuda")), "cuda-copy": lambda: scratch.copy_(key)}
 
 
 STABLE_OPS, CUDA_OPS = ("stable-str", "stable-int"), ("kv-cache-update", "cuda-copy")
