@@ -162,6 +162,8 @@ def serve(settings: BackendSettings) -> int:
         log.info("engine_starting", uptime_s=process_uptime_s())
         engine = Engine(settings)
         loop = build_loop(settings, engine, server, inbox, control, store, processor)
+        if profiler is not None:
+            profiler.counters = loop.work_counts
 
         def stop(signum, _frame) -> None:
             log.info("shutdown_requested", signal=signal.Signals(signum).name)

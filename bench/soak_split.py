@@ -10,6 +10,14 @@ the engine's `heap_profile` (backend/core/heap_profile.py, POCSERVE_HEAP_PROFILE
 call answers for all; they share the GPU and the host, which slows each but does not change what a request or a
 forward allocates. Reported per variant: glibc's in-use bytes and RSS, their slopes after the first third of the
 load (MB/min), and that growth per thousand chats and per thousand nonces, where the variant served them.
+
+The leak the chat path was found to carry (vLLM's stable-ABI KV-cache write keeps a copy of its `str` argument on
+every call outside a CUDA graph, docs/reliability.md section 4) predicts its own slope: the engine's steps and PoC
+forwards per minute (the heap profile logs both) × attention layers × the bytes per call its start-up check measured
+(`kv_write_leaks` / `kv_write_leak_check` in the log). Each variant says which of its work makes that call
+(`Variant.eager_writes`); `kv_write_predicted_mb_per_min` against the measured slope tells whether anything else
+grows, and the `chat-triton-attn` control (Triton's KV-cache write, no stable-ABI op) should then stay flat. Where
+some steps replay a full CUDA graph (`chat-compiled`) the prediction is only an upper bound.
 """
 
 from __future__ import annotations
@@ -23,19 +31,36 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import NamedTuple
 
 from bench.soak import slope_per_min
 
-# name → (environment, bench.soak flags); "mixed" is the soak as docs/reliability.md ran it.
-VARIANTS: dict[str, tuple[dict[str, str], list[str]]] = {
-    "mixed": ({}, []),
-    "chat": ({}, ["--no-poc"]),
-    "poc": ({}, ["--concurrency", "0"]),
-    "mixed-no-poc-graphs": ({"POCSERVE_POC_GRAPHS": "0"}, []),
-    "chat-compiled": ({}, ["--no-poc", "--backend-arg=--no-enforce-eager"]),
+
+class Variant(NamedTuple):
+    env: dict[str, str]
+    flags: list[str]  # bench.soak's
+    # The work that runs vLLM's stable-ABI KV-cache write outside a CUDA graph, once per attention layer each:
+    # "steps" (chat's, eager: bench.soak's backend runs --enforce-eager) and "forwards" (PoC's without their graphs).
+    eager_writes: tuple[str, ...]
+    # Only some of those steps do (the others replay a full CUDA graph): the prediction is an upper bound.
+    bound: bool = False
+
+
+# "mixed" is the soak as docs/reliability.md ran it.
+VARIANTS: dict[str, Variant] = {
+    "mixed": Variant({}, [], ("steps",)),
+    "chat": Variant({}, ["--no-poc"], ("steps",)),
+    "poc": Variant({}, ["--concurrency", "0"], ()),
+    "mixed-no-poc-graphs": Variant({"POCSERVE_POC_GRAPHS": "0"}, [], ("steps", "forwards")),
+    "poc-no-graphs": Variant({"POCSERVE_POC_GRAPHS": "0"}, ["--concurrency", "0"], ("forwards",)),
+    "chat-compiled": Variant({}, ["--no-poc", "--backend-arg=--no-enforce-eager"], ("steps",), bound=True),
+    # The control: vLLM's Triton attention writes the KV cache with a Triton kernel, not the stable-ABI op.
+    "chat-triton-attn": Variant({}, ["--no-poc", "--backend-arg=--attention-backend=TRITON_ATTN"], ()),
 }
 
 _PAIR = re.compile(r"(\w+)=(-?[0-9.]+)(?=\s|$)")
+# The start-up check's line (backend/engine/leak_check.py): bytes_per_call=48.02, or a list of readings.
+_LEAK_CHECK = re.compile(r" kv_write_leak(?:s|_check) .*?bytes_per_call=\[?(-?[0-9.]+)")
 
 
 def heap_profiles(log_text: str) -> list[tuple[float, dict[str, float]]]:
@@ -51,6 +76,37 @@ def heap_profiles(log_text: str) -> list[tuple[float, dict[str, float]]]:
             continue
         out.append((at, {k: float(v) for k, v in _PAIR.findall(line)}))
     return out
+
+
+def kv_write_bytes_per_call(log_text: str) -> float | None:
+    """Host bytes per call of the KV-cache write, as the engine's start-up check measured them; None if unlogged."""
+    found = _LEAK_CHECK.search(log_text)
+    return float(found.group(1)) if found else None
+
+
+def kv_write_prediction(variant: Variant, profiles: list[tuple[float, dict[str, float]]], layers: int,
+                        bytes_per_call: float | None) -> dict:
+    """The slope the KV-cache write's leak alone would give this variant: its eager work per minute (steps,
+    forwards: slopes of the profiles' counters, after the first third as the heap's) × layers × bytes per call."""
+    rates = {}
+    for work in ("steps", "forwards"):
+        key = "engine_steps" if work == "steps" else "poc_forwards"
+        rate = slope_per_min([(t, f[key]) for t, f in profiles if key in f])
+        rates[f"{work}_per_min"] = None if rate is None else round(rate, 1)
+    out: dict = {**rates, "kv_write_bytes_per_call": bytes_per_call, "kv_write_eager": list(variant.eager_writes),
+                 "kv_write_prediction_is_bound": variant.bound}
+    eager = [rates[f"{w}_per_min"] for w in variant.eager_writes]
+    if bytes_per_call is None or any(r is None for r in eager):
+        out["kv_write_predicted_mb_per_min"] = None
+    else:
+        calls = sum(r for r in eager if r is not None) * layers
+        out["kv_write_predicted_mb_per_min"] = round(calls * bytes_per_call / 2**20, 2)
+    return out
+
+
+def attention_layers(model_dir: Path) -> int:
+    """Decoder layers of the model's config (every layer attends in the shapes the soak runs)."""
+    return int(json.loads((model_dir / "config.json").read_text())["num_hidden_layers"])
 
 
 def summarize(name: str, report: dict, profiles: list[tuple[float, dict[str, float]]]) -> dict:
@@ -72,7 +128,7 @@ def summarize(name: str, report: dict, profiles: list[tuple[float, dict[str, flo
 
 
 def launch(name: str, args: argparse.Namespace, root: Path) -> subprocess.Popen:
-    env_extra, flags = VARIANTS[name]
+    env_extra, flags = VARIANTS[name].env, VARIANTS[name].flags
     work = root / name
     work.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "bench.soak", "--shape", args.shape, "--model-dir", str(args.model_dir),
@@ -103,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     from backend.tools.modelgen import ensure_model
     ensure_model(args.model_dir, args.shape)  # once, before the soaks would each generate it into one directory
+    layers = attention_layers(args.model_dir)
     started = time.monotonic()
     procs = {n: launch(n, args, args.out) for n in names}
     codes = {n: proc.wait() for n, proc in procs.items()}
@@ -113,8 +170,11 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"variant": n, "ok": False, "problems": [f"bench.soak exited {codes[n]} with no report"]})
             continue
         report = json.loads(report_path.read_text())
-        log_path = args.out / n / "work" / "backend.log"
-        rows.append(summarize(n, report, heap_profiles(log_path.read_text(errors="replace"))))
+        log_text = (args.out / n / "work" / "backend.log").read_text(errors="replace")
+        profiles = heap_profiles(log_text)
+        row = summarize(n, report, profiles)
+        row.update(kv_write_prediction(VARIANTS[n], profiles, layers, kv_write_bytes_per_call(log_text)))
+        rows.append(row)
     for n in names:
         if (args.out / n / "engine.memray").exists():
             with open(args.out / n / "leaks.txt", "w") as f:

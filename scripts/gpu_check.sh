@@ -33,7 +33,9 @@
 #   bash scripts/gpu_check.sh soak            # bench.soak on the 0.6B shape (SOAK_S seconds, default 600): RSS
 #                                             # slope per process after warm-up, nothing lost
 #   bash scripts/gpu_check.sh heap-split      # the soak's variants side by side (chat, PoC, mixed, without PoC
-#                                             # graphs, chat compiled): which grows the engine's heap; MEMRAY=S:E
+#                                             # graphs, chat compiled, chat on Triton attention: bench/soak_split.py
+#                                             # VARIANTS): which grows the engine's heap, against the slope the
+#                                             # KV-cache write's leak predicts from each one's steps; MEMRAY=S:E
 #                                             # records each engine's native allocations from S to E s (memray,
 #                                             # staged in .stage/extra) and lists what they left live (leaks.txt)
 #   bash scripts/gpu_check.sh op-leak         # host bytes per call of vLLM's KV-cache write and of a stable-ABI op

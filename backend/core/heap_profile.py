@@ -9,6 +9,10 @@ section 4). Two questions tell the causes apart, and this answers both from insi
   first interval, once the warm-up's allocations are in), by traceback. What it does not see is C/C++'s own malloc
   (torch, CUDA's libraries): live growth without a Python site is theirs.
 
+- Per unit of what work? Each profile also logs the work counters the backend gives it (`counters`: engine steps
+  and PoC forwards so far), so growth can be put per step or per forward: a leak of so many bytes per call of an
+  op called once per layer per step predicts its own slope (bench/soak_split.py does that arithmetic).
+
 - If native, whose? With POCSERVE_MEMRAY=START_S:STOP_S:PATH memray records every allocation, with its native and
   Python stack, from START_S to STOP_S after the profiler starts, into PATH (its aggregated format: per stack, what
   is still live at STOP_S). Opened after the warm-up, the window's live allocations at its end are the growth, and
@@ -146,6 +150,8 @@ class HeapProfiler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._memray_thread: threading.Thread | None = None
+        # The work done so far (name → count), read from this thread; set once the engine loop exists.
+        self.counters: Callable[[], dict[str, int]] | None = None
 
     @classmethod
     def from_env(cls, environ=os.environ) -> HeapProfiler | None:
@@ -169,8 +175,11 @@ class HeapProfiler:
         return self
 
     def profile(self) -> dict:
-        """One profile: RSS, glibc's figures, and with tracemalloc its traced bytes and the growth sites."""
+        """One profile: RSS, glibc's figures, the work counters, and with tracemalloc its traced bytes and the
+        growth sites."""
         out: dict = {"rss_mb": round(rss_bytes() / _MB, 1), **malloc_stats_mb()}
+        if self.counters is not None:
+            out.update(self.counters())
         if tracemalloc.is_tracing():
             current, _ = tracemalloc.get_traced_memory()
             out["python_traced_mb"] = round(current / _MB, 1)

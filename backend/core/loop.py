@@ -207,6 +207,10 @@ class BackendLoop:
             for timer in self._timers:
                 timer()
 
+    def work_counts(self) -> dict[str, int]:
+        """Work done so far, for the heap profile's per-step and per-forward figures (backend/core/heap_profile.py)."""
+        return {"engine_steps": self.num_steps, "poc_forwards": self.engine.poc.num_forwards}
+
     def stats(self) -> EngineStats:
         """The engine thread's part of BackendStats (backend/transport/control.py puts the parts together)."""
         running, waiting, kv_usage = self.engine.load()

@@ -80,6 +80,7 @@ class PocRunner:
         # `run`'s forward, sync and artifacts with the device idle between them. One pipeline stage (any number of TP
         # ranks: every rank launches the same forwards in the same order). Set by the engine at start.
         self.pipelines = False
+        self.num_forwards = 0  # forwards started (run or launched): the heap profile puts growth per forward
 
     @property
     def num_own_layers(self) -> int:
@@ -116,6 +117,7 @@ class PocRunner:
         missing from the artifacts (poc/artifacts.py drops every row that is not finite) but still count as
         run."""
         batch = self._lease_for(job, nonces)
+        self.num_forwards += 1
         results = self._call("poc_artifacts", batch)
         return _artifacts(next(r for r in results if r is not None)), len(batch.nonces)
 
@@ -133,6 +135,7 @@ class PocRunner:
         assert self.can_launch, f"{len(self._in_flight)} PoC forwards in flight, the newest not wholly queued"
         assert not self._in_flight or self._in_flight[0].pipelined == pipelined, "pipelined and other forwards mixed"
         batch = self._lease_for(job, nonces)
+        self.num_forwards += 1
         results = self._call("poc_launch", batch, is_chat_running, budget_s, paced, pipelined)
         self._in_flight.append(Flight(owner, len(batch.nonces), pipelined))
         self._is_queued = all(results)

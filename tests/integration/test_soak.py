@@ -9,10 +9,13 @@ from __future__ import annotations
 import pytest
 
 from bench.soak import SoakConfig, run_soak
+from bench.soak_split import heap_profiles
 
 
 @pytest.mark.slow
-def test_soak_loses_nothing_and_stays_healthy(model_dir, tmp_path):
+def test_soak_loses_nothing_and_stays_healthy(model_dir, tmp_path, monkeypatch):
+    # The backend's heap profile on (backend/core/heap_profile.py): its lines carry the work counters.
+    monkeypatch.setenv("POCSERVE_HEAP_PROFILE_S", "5")
     report = run_soak(SoakConfig(
         work_dir=tmp_path, model_dir=model_dir, seconds=40.0, concurrency=16, num_cycles=1,
         callback_interval_s=1.0, validation_interval_s=1.5, drain_timeout_s=90.0))
@@ -35,3 +38,10 @@ def test_soak_loses_nothing_and_stays_healthy(model_dir, tmp_path):
     assert set(by_mapping) == {"start_mb", "final_mb"}
     for mb in by_mapping.values():
         assert set(mb) == {"heap", "anonymous", "device", "file", "other"} and mb["heap"] > 0 and mb["file"] > 0
+    # The heap profile counted the engine's steps and PoC's forwards as they happened (bench/soak_split.py puts
+    # the heap's growth per step and per forward with them).
+    profiles = [f for _, f in heap_profiles((tmp_path / "backend.log").read_text(errors="replace"))
+                if "engine_steps" in f]  # the lines logged while the engine was still being built have none
+    assert len(profiles) >= 4, profiles
+    steps, forwards = [f["engine_steps"] for f in profiles], [f["poc_forwards"] for f in profiles]
+    assert steps == sorted(steps) and steps[-1] > 0 and forwards == sorted(forwards) and forwards[-1] > 0

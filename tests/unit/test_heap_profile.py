@@ -66,6 +66,15 @@ def test_profile_has_a_baseline_then_sites():
     assert second["grew"][0]["kb"] >= 4 * 512 and kept
 
 
+def test_profile_carries_the_work_counters():
+    profiler = HeapProfiler(interval_s=3600)
+    assert "engine_steps" not in profiler.profile()
+    done = {"engine_steps": 0, "poc_forwards": 0}
+    profiler.counters = lambda: dict(done)
+    done["engine_steps"] = 7
+    assert profiler.profile()["engine_steps"] == 7 and profiler.profile()["poc_forwards"] == 0
+
+
 def test_memray_window_spec():
     profiler = HeapProfiler.from_env({"POCSERVE_HEAP_PROFILE_S": "30", "POCSERVE_MEMRAY": "60:240:/tmp/x:y.memray"})
     assert profiler.memray == MemrayWindow(60.0, 240.0, "/tmp/x:y.memray")
