@@ -5,9 +5,9 @@ argument copies the string to the heap and never frees it (pytorch/pytorch#19134
 is the attention backend's KV-cache write, `reshape_and_cache_flash(..., kv_cache_dtype: str, ...)`, called once
 per attention layer for every step that runs attention outside a CUDA graph: on an H200 it held a third to two
 thirds of the chat soak's heap growth (docs/reliability.md, section 4; docs/decisions.md, "The chat path's heap
-growth is a leak in vLLM's build"). Which builds carry it is not a version question alone (vllm-project/vllm#51185 patched
-vLLM's copy of the header for torch 2.13), so each CUDA worker calls the installed op on a tiny cache of its own and
-reads glibc's bytes in use (bench/op_leak.py measures the same op and its controls, in depth).
+growth is a leak in vLLM's build"). Which builds carry it is not a version question alone (vllm-project/vllm#51185
+patched vLLM's copy of the header for torch 2.13), so each CUDA worker calls the installed op on a tiny cache of its
+own and reads glibc's bytes in use (bench/op_leak.py measures the same op and its controls, in depth).
 """
 
 from __future__ import annotations
