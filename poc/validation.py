@@ -1,5 +1,6 @@
 """Validation math of PoC v2 (the fork's; docs/architecture.md, "The network's contract"): per-artifact mismatch,
-the binomial fraud test, the result dict.
+the binomial fraud test, the result dict, and the network validator's rule for nonces it could not score (the
+gonka_poc plugin's; docs/decisions.md, "Nonces a validator cannot score").
 
 Pure functions over already-computed artifacts; the recomputation itself happens in the worker. The
 statistics parameters travel as a frozen `StatTest`.
@@ -88,6 +89,24 @@ def fraud_test(
     return p_value, p_value < fraud_threshold
 
 
+# A requested nonce the validator could not score (its hidden state was not finite, so poc/artifacts.py dropped the
+# row) is evidence neither way: it leaves the sample and the verdict is over the nonces scored, as the network's
+# validator does (the gonka_poc plugin the ML node runs; docs/decisions.md, "Nonces a validator cannot score").
+# Past this share of the request the validator itself is suspect and gives no verdict.
+MAX_UNSCORED_FRACTION = 0.1
+
+
+def unscored_nonces(request_nonces: Sequence[int], computed_nonces: Sequence[int]) -> list[int]:
+    """The requested nonces (each occurrence) that came back without an artifact."""
+    have = set(computed_nonces)
+    return [n for n in request_nonces if n not in have]
+
+
+def max_unscored(num_requested: int) -> int:
+    """How many requested nonces may go unscored before a validation gives no verdict (the plugin's rule)."""
+    return max(1, int(num_requested * MAX_UNSCORED_FRACTION))
+
+
 def validation_result(n_total: int, mismatch_nonces: Sequence[int], stat_test: StatTest) -> dict[str, Any]:
     """The validation fields of a response: {n_total, n_mismatch, mismatch_nonces, p_value, fraud_detected}."""
     n_mismatch = len(mismatch_nonces)
@@ -110,6 +129,10 @@ def validate_artifacts(
     k_dim: int,
     stat_test: StatTest,
 ) -> dict[str, Any]:
-    """The whole validation: n_total = len(request_nonces) with duplicates; NaN-dropped nonces never mismatch."""
+    """The whole validation: n_total = the requested nonces scored (duplicates each), the unscored ones reported in
+    `n_excluded` / `excluded_nonces` (the caller decides first whether there are too many: max_unscored)."""
+    excluded = unscored_nonces(request_nonces, [nonce for nonce, _ in computed])
     mismatch_nonces = find_mismatches(computed, validation_map, k_dim, stat_test.dist_threshold)
-    return validation_result(len(request_nonces), mismatch_nonces, stat_test)
+    result = validation_result(len(request_nonces) - len(excluded), mismatch_nonces, stat_test)
+    result.update(n_excluded=len(excluded), excluded_nonces=excluded)
+    return result

@@ -90,6 +90,9 @@ class ValidationOutcome(msgspec.Struct, kw_only=True):
     mismatch_nonces: list[int]
     p_value: float
     fraud_detected: bool
+    # Requested nonces the validator could not score, left out of n_total (poc/validation.py max_unscored).
+    n_excluded: int = 0
+    excluded_nonces: list[int] = msgspec.field(default_factory=list)
 
 
 class JobView(msgspec.Struct, kw_only=True):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import msgspec
 
 from backend.errors import pow_error
-from poc.validation import StatTest, validate_artifacts
+from poc.validation import StatTest, max_unscored, unscored_nonces, validate_artifacts
 from protocol.common import ErrorInfo
 from protocol.poc import Artifact, Encoding
 from protocol.pow import JobView, NodeIdentity, PowGenerateRequest, ValidationOutcome
@@ -65,6 +65,10 @@ class ValidatedBody(msgspec.Struct, kw_only=True):
     mismatch_nonces: list[int]
     p_value: float
     fraud_detected: bool
+    # The requested nonces this validator could not score, left out of n_total (the plugin's fields; the newest
+    # dapi abstains from voting where any was). Defaults: rows queued before these fields existed.
+    n_excluded: int = 0
+    excluded_nonces: list[int] = msgspec.field(default_factory=list)
 
 
 def echo(node: NodeIdentity) -> dict:
@@ -76,17 +80,20 @@ def job_result(msg: PowGenerateRequest, artifacts: list[Artifact],
                error: ErrorInfo | None) -> tuple[JobResult | None, ErrorInfo | None]:
     """The stored result of a finished job, or the error that failed it.
 
-    A validation that could not compute every requested nonce fails loudly (503): counting the missing ones
-    as matches would let a node pass on artifacts nobody recomputed."""
+    A validation's nonces it could not compute leave the sample, up to poc/validation.py's max_unscored; past that,
+    or with none scored, it fails loudly (503) and gives no verdict: a vote on too few recomputed artifacts would
+    judge the prover by the validator's own fault (an empty sample would even count against it: dapi votes -1
+    on n_total 0)."""
     if error is not None:
         return None, error
     k_dim = msg.params.k_dim
     if msg.validation is None:
         return ArtifactsResult(artifacts=artifacts, encoding=Encoding(k_dim=k_dim)), None
-    missing = set(msg.nonces) - {a.nonce for a in artifacts}
-    if missing:
-        return None, pow_error(503, f"could not compute {len(missing)} of {len(set(msg.nonces))} nonces "
-                                    f"(non-finite hidden states), e.g. {sorted(missing)[:5]}").info()
+    missing = unscored_nonces(msg.nonces, [a.nonce for a in artifacts])
+    if len(missing) > max_unscored(len(msg.nonces)) or (missing and len(missing) == len(msg.nonces)):
+        return None, pow_error(503, f"could not compute {len(missing)} of {len(msg.nonces)} nonces (non-finite "
+                                    f"hidden states; at most {max_unscored(len(msg.nonces))} may go unscored), "
+                                    f"e.g. {sorted(set(missing))[:5]}").info()
     spec = msg.stat_test
     stat = StatTest() if spec is None else StatTest(spec.dist_threshold, spec.p_mismatch, spec.fraud_threshold)
     outcome = validate_artifacts([(a.nonce, a.vector_b64) for a in artifacts],

@@ -39,7 +39,8 @@ def job_result_fields(job: JobView) -> dict:
     if job.validation is not None:
         v = job.validation
         return {"n_total": v.n_total, "n_mismatch": v.n_mismatch, "mismatch_nonces": v.mismatch_nonces,
-                "p_value": v.p_value, "fraud_detected": v.fraud_detected}
+                "p_value": v.p_value, "fraud_detected": v.fraud_detected, "n_excluded": v.n_excluded,
+                "excluded_nonces": v.excluded_nonces}
     if job.artifacts is not None and job.encoding is not None:
         return {"artifacts": [{"nonce": a.nonce, "vector_b64": a.vector_b64} for a in job.artifacts],
                 "encoding": msgspec.structs.asdict(job.encoding)}

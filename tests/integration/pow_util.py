@@ -33,8 +33,9 @@ GATE_BODY = {"error": {"message": "PoC generation is active. Inference requests 
                        "type": "service_unavailable", "param": None, "code": 503}}
 GENERATED_KEYS = ["public_key", "block_hash", "block_height", "node_id", "artifacts", "encoding"]
 JOB_GENERATED_KEYS = ["request_id", "block_hash", "block_height", "public_key", "node_id", "artifacts", "encoding"]
+# The fork's fields, then the two the network's validator (the gonka_poc plugin) adds for nonces it could not score.
 VALIDATED_KEYS = ["request_id", "block_hash", "block_height", "public_key", "node_id", "n_total", "n_mismatch",
-                  "mismatch_nonces", "p_value", "fraud_detected"]
+                  "mismatch_nonces", "p_value", "fraud_detected", "n_excluded", "excluded_nonces"]
 
 
 class Receiver:

@@ -119,7 +119,7 @@ def test_generate_then_validate_is_completed_without_mismatch(pow_url):
     assert r.status_code == 200, r.text
     body = r.json()
     assert list(body) == ["status", "request_id", "n_total", "n_mismatch", "mismatch_nonces", "p_value",
-                          "fraud_detected"]
+                          "fraud_detected", "n_excluded", "excluded_nonces"]
     assert body["status"] == "completed"
     assert (body["n_total"], body["n_mismatch"], body["mismatch_nonces"], body["p_value"],
             body["fraud_detected"]) == (4, 0, [], 1.0, False)

@@ -287,13 +287,15 @@ def test_queued_validation_delivers_the_exact_validated_callback(pow_url, receiv
     job_id = queue_job(pow_url, nonces, url=url, validation=validation(honest), **identity)
     result = poll_job(pow_url, job_id)
     assert result == {"status": "completed", "request_id": job_id, "n_total": 4, "n_mismatch": 0,
-                      "mismatch_nonces": [], "p_value": 1.0, "fraud_detected": False}
+                      "mismatch_nonces": [], "p_value": 1.0, "fraud_detected": False, "n_excluded": 0,
+                      "excluded_nonces": []}
     path, body = wait_until(lambda: receiver.by_request_id(job_id), what="validated callback")[0]
     assert path == "/v2/poc-batches/Qwen%252FQwen3-0.6B/validated"
     assert list(body) == VALIDATED_KEYS
     assert body == {"request_id": job_id, "block_hash": "TEST_BLOCK", "block_height": 77,
                     "public_key": "test_pub_keys", "node_id": 7, "n_total": 4, "n_mismatch": 0,
-                    "mismatch_nonces": [], "p_value": 1.0, "fraud_detected": False}
+                    "mismatch_nonces": [], "p_value": 1.0, "fraud_detected": False, "n_excluded": 0,
+                    "excluded_nonces": []}
 
     # Tampered: nonce 0 has a NaN, nonce 1 is flipped (L2 ≈ 2), nonce 3 moved by 0.05 (> the default 0.02),
     # nonce 2 by 0.005 (within it).

@@ -48,7 +48,8 @@ PARAMS = {"model": "tiny", "seq_len": 256}
 ART = [Artifact(nonce=5, vector_b64="AAA="), Artifact(nonce=9, vector_b64="AQE=")]
 ART_JSON = [{"nonce": 5, "vector_b64": "AAA="}, {"nonce": 9, "vector_b64": "AQE="}]
 OUTCOME = ValidationOutcome(n_total=2, n_mismatch=1, mismatch_nonces=[9], p_value=0.002, fraud_detected=True)
-OUTCOME_JSON = {"n_total": 2, "n_mismatch": 1, "mismatch_nonces": [9], "p_value": 0.002, "fraud_detected": True}
+OUTCOME_JSON = {"n_total": 2, "n_mismatch": 1, "mismatch_nonces": [9], "p_value": 0.002, "fraud_detected": True,
+                "n_excluded": 0, "excluded_nonces": []}
 
 
 class FakeClient:

@@ -12,6 +12,8 @@ from poc.validation import (
     find_mismatches,
     fraud_test,
     is_mismatch,
+    max_unscored,
+    unscored_nonces,
     validate_artifacts,
     validation_result,
 )
@@ -119,11 +121,31 @@ def test_validation_result_shape():
     assert isinstance(result["p_value"], float) and result["fraud_detected"] is True
 
 
-def test_validate_artifacts_n_total_counts_request_duplicates_and_dropped():
-    # Nonce 2 was dropped by NaN filtering: it counts in n_total but never as a mismatch.
+def test_validate_artifacts_n_total_counts_request_duplicates_and_leaves_out_the_unscored():
+    # Nonce 2 was dropped by NaN filtering: it leaves the sample (the network's validator), reported as excluded.
     computed = [(1, _b64(BASE)), (1, _b64(BASE))]
     result = validate_artifacts(computed, {1: _b64(BASE), 2: _b64(BASE)}, [1, 1, 2], K, StatTest())
-    assert result["n_total"] == 3 and result["n_mismatch"] == 0 and result["p_value"] == pytest.approx(1.0)
+    assert result["n_total"] == 2 and result["n_mismatch"] == 0 and result["p_value"] == pytest.approx(1.0)
+    assert (result["n_excluded"], result["excluded_nonces"]) == (1, [2])
+
+
+def test_an_unscored_nonce_is_no_evidence_either_way():
+    # 10 requested, nonce 9 unscored: 3 mismatches are judged out of 9, not 10, and none is invented for nonce 9.
+    computed = [(n, _b64(_shifted(0.5 if n < 3 else 0.0))) for n in range(9)]
+    received = {n: _b64(BASE) for n in range(10)}
+    result = validate_artifacts(computed, received, list(range(10)), K, StatTest(0.02, 0.1, 0.05))
+    assert (result["n_total"], result["n_mismatch"], result["excluded_nonces"]) == (9, 3, [9])
+    assert result["p_value"] == pytest.approx(fraud_test(3, 9, 0.1, 0.05)[0])
+
+
+def test_unscored_nonces_each_occurrence_in_request_order():
+    assert unscored_nonces([5, 3, 5, 1], [1]) == [5, 3, 5]
+    assert unscored_nonces([1, 2], [2, 1, 7]) == []
+
+
+@pytest.mark.parametrize(("requested", "allowed"), [(1, 1), (8, 1), (19, 1), (20, 2), (64, 6), (200, 20)])
+def test_at_most_a_tenth_may_go_unscored_and_never_fewer_than_one(requested, allowed):
+    assert max_unscored(requested) == allowed
 
 
 def test_validate_artifacts_empty_request():

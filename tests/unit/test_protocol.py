@@ -213,7 +213,8 @@ CANONICAL: dict[type, msgspec.Struct] = {
         job_id="0b9c", status="completed", num_queued=2, artifacts=[Artifact(nonce=1, vector_b64="AAA=")],
         encoding=Encoding(dtype="bf16", k_dim=8, endian="be"),
         validation=ValidationOutcome(n_total=2, n_mismatch=1, mismatch_nonces=[2], p_value=0.5,
-                                     fraud_detected=True), error="boom"), error=_error_info()),
+                                     fraud_detected=True, n_excluded=1, excluded_nonces=[3]), error="boom"),
+        error=_error_info()),
     PowStatusReply: PowStatusReply(
         rid="w-4", status="GENERATING", config=RoundConfig(node=_node(), group_id=1, n_groups=2, seq_len=64, k_dim=8),
         stats=RoundStats(total_processed=64, nonces_per_second=12.5),
