@@ -177,7 +177,8 @@ def test_callbacks_job_callbacks_use_their_paths_at_once(receiver, make_sender, 
     generated = {"request_id": "r1", "block_hash": "h", "block_height": 1, "public_key": "pk", "node_id": 0,
                  "artifacts": artifacts(1), "encoding": ENCODING}
     validated = {"request_id": "r2", "block_hash": "h", "block_height": 1, "public_key": "pk", "node_id": 0,
-                 "n_total": 4, "n_mismatch": 0, "mismatch_nonces": [], "p_value": 1.0, "fraud_detected": False}
+                 "n_total": 3, "n_mismatch": 0, "mismatch_nonces": [], "p_value": 1.0, "fraud_detected": False,
+                 "n_excluded": 1, "excluded_nonces": [5]}
     sender.enqueue(receiver.url, "generated", msgspec.convert(generated, GeneratedBody))
     sender.enqueue(receiver.url + "/", "validated", msgspec.convert(validated, ValidatedBody))
     wait_until(lambda: len(receiver.received) == 2, timeout_s=2.0)  # well before the stream interval
