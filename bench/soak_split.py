@@ -59,6 +59,8 @@ VARIANTS: dict[str, Variant] = {
 }
 
 _PAIR = re.compile(r"(\w+)=(-?[0-9.]+)(?=\s|$)")
+# The heap profile's work counters (backend/core/loop.py work_counts) by the name Variant.eager_writes uses.
+_COUNTERS = {"steps": "engine_steps", "forwards": "poc_forwards"}
 # The start-up check's line (backend/engine/leak_check.py): bytes_per_call=48.02, or a list of readings.
 _LEAK_CHECK = re.compile(r" kv_write_leak(?:s|_check) .*?bytes_per_call=\[?(-?[0-9.]+)")
 
@@ -88,20 +90,17 @@ def kv_write_prediction(variant: Variant, profiles: list[tuple[float, dict[str, 
                         bytes_per_call: float | None) -> dict:
     """The slope the KV-cache write's leak alone would give this variant: its eager work per minute (steps,
     forwards: slopes of the profiles' counters, after the first third as the heap's) × layers × bytes per call."""
-    rates = {}
-    for work in ("steps", "forwards"):
-        key = "engine_steps" if work == "steps" else "poc_forwards"
+    rates: dict[str, float | None] = {}
+    for work, key in _COUNTERS.items():
         rate = slope_per_min([(t, f[key]) for t, f in profiles if key in f])
-        rates[f"{work}_per_min"] = None if rate is None else round(rate, 1)
-    out: dict = {**rates, "kv_write_bytes_per_call": bytes_per_call, "kv_write_eager": list(variant.eager_writes),
-                 "kv_write_prediction_is_bound": variant.bound}
-    eager = [rates[f"{w}_per_min"] for w in variant.eager_writes]
-    if bytes_per_call is None or any(r is None for r in eager):
-        out["kv_write_predicted_mb_per_min"] = None
-    else:
-        calls = sum(r for r in eager if r is not None) * layers
-        out["kv_write_predicted_mb_per_min"] = round(calls * bytes_per_call / 2**20, 2)
-    return out
+        rates[work] = None if rate is None else round(rate, 1)
+    eager = [rates[w] for w in variant.eager_writes]
+    predicted = None
+    if bytes_per_call is not None and None not in eager:
+        predicted = round(sum(r for r in eager if r is not None) * layers * bytes_per_call / 2**20, 2)
+    return {**{f"{w}_per_min": r for w, r in rates.items()}, "kv_write_bytes_per_call": bytes_per_call,
+            "kv_write_eager": list(variant.eager_writes), "kv_write_prediction_is_bound": variant.bound,
+            "kv_write_predicted_mb_per_min": predicted}
 
 
 def attention_layers(model_dir: Path) -> int:
@@ -128,13 +127,13 @@ def summarize(name: str, report: dict, profiles: list[tuple[float, dict[str, flo
 
 
 def launch(name: str, args: argparse.Namespace, root: Path) -> subprocess.Popen:
-    env_extra, flags = VARIANTS[name].env, VARIANTS[name].flags
+    variant = VARIANTS[name]
     work = root / name
     work.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "bench.soak", "--shape", args.shape, "--model-dir", str(args.model_dir),
            "--seconds", str(args.seconds), "--work-dir", str(work / "work"), "--json", str(work / "soak.json"),
-           *flags, *(f"--backend-arg={a}" for a in args.backend_arg)]
-    env = {**os.environ, "POCSERVE_HEAP_PROFILE_S": str(args.profile_s), **env_extra}
+           *variant.flags, *(f"--backend-arg={a}" for a in args.backend_arg)]
+    env = {**os.environ, "POCSERVE_HEAP_PROFILE_S": str(args.profile_s), **variant.env}
     if args.memray:
         env["POCSERVE_MEMRAY"] = f"{args.memray}:{work / 'engine.memray'}"
     log = open(work / "soak.txt", "w")  # noqa: SIM115 - the child writes it until it exits

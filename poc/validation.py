@@ -130,7 +130,7 @@ def validate_artifacts(
     stat_test: StatTest,
 ) -> dict[str, Any]:
     """The whole validation: n_total = the requested nonces scored (duplicates each), the unscored ones reported in
-    `n_excluded` / `excluded_nonces` (the caller decides first whether there are too many: max_unscored)."""
+    `n_excluded` / `excluded_nonces` (the caller decides whether there were too many for a verdict: max_unscored)."""
     excluded = unscored_nonces(request_nonces, [nonce for nonce, _ in computed])
     mismatch_nonces = find_mismatches(computed, validation_map, k_dim, stat_test.dist_threshold)
     result = validation_result(len(request_nonces) - len(excluded), mismatch_nonces, stat_test)

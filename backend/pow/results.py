@@ -7,7 +7,7 @@ from __future__ import annotations
 import msgspec
 
 from backend.errors import pow_error
-from poc.validation import StatTest, max_unscored, unscored_nonces, validate_artifacts
+from poc.validation import StatTest, max_unscored, validate_artifacts
 from protocol.common import ErrorInfo
 from protocol.poc import Artifact, Encoding
 from protocol.pow import JobView, NodeIdentity, PowGenerateRequest, ValidationOutcome
@@ -89,15 +89,15 @@ def job_result(msg: PowGenerateRequest, artifacts: list[Artifact],
     k_dim = msg.params.k_dim
     if msg.validation is None:
         return ArtifactsResult(artifacts=artifacts, encoding=Encoding(k_dim=k_dim)), None
-    missing = unscored_nonces(msg.nonces, [a.nonce for a in artifacts])
-    if len(missing) > max_unscored(len(msg.nonces)) or (missing and len(missing) == len(msg.nonces)):
-        return None, pow_error(503, f"could not compute {len(missing)} of {len(msg.nonces)} nonces (non-finite "
-                                    f"hidden states; at most {max_unscored(len(msg.nonces))} may go unscored), "
-                                    f"e.g. {sorted(set(missing))[:5]}").info()
     spec = msg.stat_test
     stat = StatTest() if spec is None else StatTest(spec.dist_threshold, spec.p_mismatch, spec.fraud_threshold)
     outcome = validate_artifacts([(a.nonce, a.vector_b64) for a in artifacts],
                                  {a.nonce: a.vector_b64 for a in msg.validation}, msg.nonces, k_dim, stat)
+    excluded, cap = outcome["excluded_nonces"], max_unscored(len(msg.nonces))
+    if len(excluded) > cap or (excluded and outcome["n_total"] == 0):
+        return None, pow_error(503, f"could not compute {len(excluded)} of {len(msg.nonces)} nonces (non-finite "
+                                    f"hidden states; at most {cap} may go unscored), "
+                                    f"e.g. {sorted(set(excluded))[:5]}").info()
     return msgspec.convert(dict(outcome), ValidationOutcome), None
 
 
