@@ -9,7 +9,10 @@ sample, and the summary gives the median of the pairs' ratios with their min–m
 pairs in which ours ran first and in which it ran second (a drift or an order effect shows as their difference).
 Whether the pairs can tell 5% is answered by the geometric mean of the ratios with its 95% interval (Student's t on
 the log ratios, the pairs taken as independent samples): narrower than ±5%, a 5% difference stands out; wider, the
-summary says how many pairs the same scatter would need.
+summary says how many pairs the same scatter would need. That interval assumes the log ratios scatter normally;
+one stray round (`vllm serve` rounds at about half and a third of its others' rate were seen on the CPU engine)
+widens it past use, so the median's own interval is given beside it, distribution-free (the sign test's order statistics),
+and a round far from its system's others is named.
 
 While one system runs its round the other is idle but up: its CPU is reported ("idle system" CPU %, should be ~0),
 and on a GPU it holds its memory share (--gpu-memory-utilization applies to each; 0.4 each on one H200). Each round
@@ -191,6 +194,43 @@ def interval(ratios: list[float]) -> dict[str, float] | None:
             "half_width_pct": 100 * math.expm1(half), "pairs_needed": needed}
 
 
+def median_interval(ratios: list[float]) -> dict[str, float] | None:
+    """The median of the pairs' ratios and a distribution-free interval for it of at least 95% coverage: the k-th
+    smallest and k-th largest ratio, k the largest with P(Binomial(n, 1/2) < k) <= 2.5% (the sign test's order
+    statistics). One stray pair moves it by one place at most. None below six pairs, where even [min, max] covers
+    less than 95%."""
+    n = len(ratios)
+    tail = [math.comb(n, i) / 2 ** n for i in range(n + 1)]
+    k = 0
+    while sum(tail[:k + 1]) <= 0.025:
+        k += 1
+    if k == 0:
+        return None
+    ordered = sorted(ratios)
+    return {"median": statistics.median(ordered), "low": ordered[k - 1], "high": ordered[n - k],
+            "coverage": 1 - 2 * sum(tail[:k])}
+
+
+# A round this many scaled median absolute deviations from its system's median requests/s is named as stray.
+STRAY_MADS = 5.0
+
+
+def stray_rounds(rounds: list[dict]) -> list[dict]:
+    """Rounds whose requests/s lies more than STRAY_MADS scaled MADs (1.4826 × the MAD, the normal's σ) from the
+    median of their system's rounds, with that median; none where a system has under four rounds or no scatter."""
+    out = []
+    for name in ("ours", "vllm"):
+        mine = [(i, r) for i, r in enumerate(rounds) if r["system"] == name]
+        values = [r["req_per_s"] for _, r in mine]
+        if len(values) < 4:
+            continue
+        middle = statistics.median(values)
+        mad = 1.4826 * statistics.median(abs(v - middle) for v in values)
+        out += [{"round": i + 1, "system": name, "req_per_s": r["req_per_s"], "system_median": middle}
+                for i, r in mine if mad > 0 and abs(r["req_per_s"] - middle) > STRAY_MADS * mad]
+    return out
+
+
 def spread(values: list[float]) -> dict[str, float]:
     return {"median": percentile(values, 50), "min": min(values), "max": max(values),
             "q1": percentile(values, 25), "q3": percentile(values, 75)}
@@ -204,14 +244,16 @@ def summarize_pairs(rounds: list[dict]) -> dict:
         return {}
     ratios = {key: spread([p[key] for p in pairs]) for _, key in RATIO_KEYS}
     intervals = {key: interval([p[key] for p in pairs]) for _, key in RATIO_KEYS}
+    median_intervals = {key: median_interval([p[key] for p in pairs]) for _, key in RATIO_KEYS}
     by_first = {}
     for first in ("ours", "vllm"):
         chosen = [p["req_per_s"] for p in pairs if p["first"] == first]
         if chosen:
             by_first[first] = percentile(chosen, 50)
     own = {name: spread([r["req_per_s"] for r in rounds if r["system"] == name]) for name in ("ours", "vllm")}
-    return {"pairs": pairs, "ratios": ratios, "intervals": intervals, "req_per_s_ratio_by_first": by_first,
-            "req_per_s_by_system": own, "req_per_s_by_previous": by_previous(rounds)}
+    return {"pairs": pairs, "ratios": ratios, "intervals": intervals, "median_intervals": median_intervals,
+            "req_per_s_ratio_by_first": by_first, "req_per_s_by_system": own,
+            "req_per_s_by_previous": by_previous(rounds), "stray_rounds": stray_rounds(rounds)}
 
 
 def by_previous(rounds: list[dict]) -> dict[str, dict[str, float]]:
@@ -260,6 +302,15 @@ def print_summary(summary: dict) -> None:
                    else f"does not; ~{i['pairs_needed']} pairs would at this scatter")
         print(f"  {label:13} {i['geomean']:.3f} [{i['low']:.3f}–{i['high']:.3f}], ±{i['half_width_pct']:.1f}%: "
               f"{100 * TELLS:.0f}% {verdict}")
+    print("ours/vllm, median [distribution-free interval]: the sign test's, one stray pair cannot widen it far")
+    for label, key in RATIO_KEYS:
+        if (m := summary["median_intervals"][key]) is None:
+            continue
+        print(f"  {label:13} {m['median']:.3f} [{m['low']:.3f}–{m['high']:.3f}] ({100 * m['coverage']:.1f}% "
+              f"coverage); {'excludes' if not m['low'] <= 1 <= m['high'] else 'holds'} 1.0")
+    for r in summary["stray_rounds"]:
+        print(f"  stray round {r['round']} ({r['system']}): {r['req_per_s']:.2f} req/s against its system's median "
+              f"{r['system_median']:.2f}")
     by_first = summary["req_per_s_ratio_by_first"]
     print("  requests/s ratio, median by first system: "
           + ", ".join(f"{name} first {value:.3f}" for name, value in by_first.items()))

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from bench.rounds import interval, pair_ratios, round_order, summarize_pairs
+from bench.rounds import interval, median_interval, pair_ratios, round_order, stray_rounds, summarize_pairs
 from bench.serving import parse_args, vllm_extra_flags
 
 
@@ -68,6 +68,37 @@ def test_a_wide_scatter_says_how_many_pairs_would_tell() -> None:
     assert 2.0 * sd / math.sqrt(n - 1) > math.log(1.05)  # and one fewer is not (t above 2.0 only below 60 pairs)
     assert summarize_pairs([_round(s, p, 10.0 * r if s == "ours" else 10.0, 4.0) for p, r in enumerate(wide)
                             for s in ("ours", "vllm")])["intervals"]["req_per_s"] == pytest.approx(i)
+
+
+def test_the_medians_interval_is_the_sign_tests_order_statistics() -> None:
+    # the CPU engine's ten pairs at 65127f0 (docs/benchmarks-history.md, 2026-12-06): pair 8's 3.918 is a stray
+    # `vllm serve` round, which widened Student's interval to ±31%
+    ratios = [1.448, 1.163, 1.272, 1.239, 1.182, 1.148, 1.473, 3.918, 1.101, 1.090]
+    m = median_interval(ratios)
+    assert m is not None
+    # n = 10: P(B <= 1) = 11/1024 <= 2.5% < P(B <= 2) = 56/1024, so k = 2: the 2nd smallest and the 2nd largest
+    assert (m["low"], m["high"]) == (1.101, 1.473)
+    assert m["median"] == pytest.approx((1.182 + 1.239) / 2)
+    assert m["coverage"] == pytest.approx(1 - 2 * 11 / 1024)
+    assert m["low"] > 1.0  # one stray pair does not hide that ours is ahead here
+    # n = 12: k = 3 (P(B <= 2) = 79/4096); n = 6: [min, max] (coverage 1 - 2/64); n = 5: none reaches 95%
+    twelve = median_interval([float(v) for v in range(12, 0, -1)])
+    assert twelve is not None and (twelve["low"], twelve["high"]) == (3.0, 10.0)
+    six = median_interval([3.0, 1.0, 2.0, 6.0, 5.0, 4.0])
+    assert six is not None and (six["low"], six["high"], six["coverage"]) == (1.0, 6.0, pytest.approx(1 - 2 / 64))
+    assert median_interval([1.0] * 5) is None
+
+
+def test_a_round_far_from_its_systems_others_is_named() -> None:
+    rates = {"ours": [97.7, 95.7, 93.9, 95.6, 93.4, 97.3], "vllm": [84.4, 84.7, 65.0, 23.98, 86.9, 85.7]}
+    rounds = [_round(s, p, rates[s][p], 4.0) for p in range(6) for s in ("ours", "vllm")]
+    stray = stray_rounds(rounds)
+    # vllm's 23.98 is ~40 scaled MADs from its median 84.55; its 65.0 (~8 MADs) too; none of ours
+    assert [(r["round"], r["system"], r["req_per_s"]) for r in stray] == [(6, "vllm", 65.0), (8, "vllm", 23.98)]
+    assert stray[0]["system_median"] == pytest.approx(84.55)
+    assert summarize_pairs(rounds)["stray_rounds"] == stray
+    assert stray_rounds([_round(s, p, 10.0, 4.0) for p in range(6) for s in ("ours", "vllm")]) == []  # no scatter
+    assert stray_rounds(rounds[:6]) == []  # three rounds a system: too few to call one stray
 
 
 def test_rounds_need_both_systems() -> None:
