@@ -11,8 +11,8 @@ Whether the pairs can tell 5% is answered by the geometric mean of the ratios wi
 the log ratios, the pairs taken as independent samples): narrower than ±5%, a 5% difference stands out; wider, the
 summary says how many pairs the same scatter would need. That interval assumes the log ratios scatter normally;
 one stray round (`vllm serve` rounds at about half and a third of its others' rate were seen on the CPU engine)
-widens it past use, so the median's own interval is given beside it, distribution-free (the sign test's order statistics),
-and a round far from its system's others is named.
+widens it past use, so the median's own interval is given beside it, distribution-free (the sign test's order
+statistics), and a round far from its system's others is named.
 
 While one system runs its round the other is idle but up: its CPU is reported ("idle system" CPU %, should be ~0),
 and on a GPU it holds its memory share (--gpu-memory-utilization applies to each; 0.4 each on one H200). Each round
