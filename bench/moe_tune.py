@@ -10,8 +10,8 @@ config ("Using default MoE config"). This times vLLM's own `fused_experts` (both
 quantisation, the sum over top-k) under `override_config` for each candidate in `search_space` at each batch size,
 on random FP8 weights with 128 × 128 block scales, and writes the fastest per batch size under that file name. Each
 candidate is timed as a CUDA graph of `--iters` calls, the GPU's time alone, as a graphed decode step runs it; the
-default config is timed alike, for the gain. Compiling a candidate takes Triton about a second: `--space small`
-keeps a run inside ten minutes.
+default config is timed alike, for the gain. Compiling a candidate takes Triton about a second, and at PoC's token
+counts timing one takes as long again: `--budget-s` bounds a run, trying the likely tiles of each batch first.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -42,6 +43,22 @@ def search_space(block_shape: tuple[int, int], size: str = "small") -> list[dict
         out.append({"BLOCK_SIZE_M": m, "BLOCK_SIZE_N": n, "BLOCK_SIZE_K": k, "GROUP_SIZE_M": g, "num_warps": w,
                     "num_stages": s})
     return out
+
+
+def likely_first(space: list[dict[str, int]], m: int, experts: int, topk: int) -> list[dict[str, int]]:
+    """The candidates in the order worth trying at batch m, so that a search cut by the budget has tried the likely
+    winners: BLOCK_SIZE_M nearest the tokens each expert gets (m x topk / experts, a power of two in 16..128), then
+    the wider N tile. Only the order changes, never the set."""
+    per_expert = max(1, m * topk // experts)
+    want = min(128, max(16, 1 << (per_expert - 1).bit_length()))
+    return sorted(space, key=lambda c: (abs(math.log2(c["BLOCK_SIZE_M"] / want)), -c["BLOCK_SIZE_N"]))
+
+
+def iters_for(m: int, iters: int) -> int:
+    """Calls per CUDA graph at batch m: fewer at PoC's token counts, where one call is tens of milliseconds and
+    a graph of ten, replayed four times per candidate, made one batch size outlast a device call (2026-12-06, H100: a run cut at 250 s had
+    not finished M=32768's 96 candidates); at least 2, so a graph still times back-to-back calls."""
+    return max(2, min(iters, iters * 2048 // m))
 
 
 def best_per_batch(timings: dict[int, list[tuple[float, dict[str, int]]]]) -> dict[int, dict]:
@@ -125,8 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--space", choices=("small", "full"), default="small")
     p.add_argument("--iters", type=int, default=10, help="calls per CUDA graph")
     p.add_argument("--budget-s", type=float, default=None,
-                   help="stop before the next batch size once this many seconds have passed (the file keeps the "
-                        "batch sizes done: vLLM takes the nearest one)")
+                   help="stop once this many seconds have passed: the batch size in progress keeps the best of the "
+                        "candidates tried (the likely ones come first), the file keeps the batch sizes done (vLLM "
+                        "takes the nearest one)")
     p.add_argument("--out", type=Path, required=True, help="a folder for VLLM_TUNED_CONFIG_FOLDER")
     p.add_argument("--json", help="every timing, to this file")
     args = p.parse_args(argv)
@@ -140,27 +158,38 @@ def main(argv: list[str] | None = None) -> int:
     space = search_space(block, args.space)
     problem = Problem(args.experts, args.intermediate, args.hidden, args.topk, block)
     name = get_config_file_name(args.experts, args.intermediate, "fp8_w8a8", list(block))
-    print(f"{torch.cuda.get_device_name()}: {name}, {len(space)} candidates x {len(batch_sizes)} batch sizes")
+    print(f"{torch.cuda.get_device_name()}: {name}, {len(space)} candidates x {len(batch_sizes)} batch sizes",
+          flush=True)
     timings: dict[int, list[tuple[float, dict[str, int]]]] = {}
     rows, started = [], time.monotonic()
+
+    def spent() -> bool:
+        return args.budget_s is not None and time.monotonic() - started > args.budget_s
+
     for m in batch_sizes:
-        default_us = time_config(problem, m, None, args.iters)
+        iters = iters_for(m, args.iters)
+        default_us = time_config(problem, m, None, iters)
         timings[m] = []
-        for cfg in space:
+        tried = 0
+        for cfg in likely_first(space, m, args.experts, args.topk):
+            if spent() and timings[m]:
+                break
+            tried += 1
             try:
-                timings[m].append((time_config(problem, m, cfg, args.iters), cfg))
+                timings[m].append((time_config(problem, m, cfg, iters), cfg))
             except Exception as e:  # out of shared memory or registers for this tile: not a candidate here
-                print(f"  M={m} {cfg}: {type(e).__name__}: {str(e)[:120]}")
+                print(f"  M={m} {cfg}: {type(e).__name__}: {str(e)[:120]}", flush=True)
         best_us, best_cfg = min(timings[m], key=lambda t: t[0]) if timings[m] else (float("nan"), {})
-        rows.append({"batch": m, "default_us": round(default_us, 2), "best_us": round(best_us, 2), "best": best_cfg})
+        rows.append({"batch": m, "default_us": round(default_us, 2), "best_us": round(best_us, 2), "best": best_cfg,
+                     "tried": tried, "candidates": len(space)})
         print(f"M={m:5d}  default {default_us:9.1f} us  best {best_us:9.1f} us  gain {default_us / best_us:5.2f}x  "
-              f"{best_cfg}  ({time.monotonic() - started:.0f} s)", flush=True)
+              f"{best_cfg}  ({tried}/{len(space)} tried, {time.monotonic() - started:.0f} s)", flush=True)
         # Written after every batch size: a run cut short (a device call's limit) still leaves a usable file.
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / name).write_text(config_file(best_per_batch(timings), triton.__version__))
         if args.json:
             Path(args.json).write_text(json.dumps({"file": name, "rows": rows}, indent=1))
-        if args.budget_s is not None and time.monotonic() - started > args.budget_s and m != batch_sizes[-1]:
+        if spent() and m != batch_sizes[-1]:
             print(f"budget of {args.budget_s:.0f} s spent: stopped after M={m}")
             break
     print(f"wrote {args.out / name} ({len(rows)} batch sizes)")

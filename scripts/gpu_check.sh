@@ -90,7 +90,7 @@ nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc
 [ -n "$nvcc" ] && export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$nvcc")")} PATH=$PATH:$(dirname "$nvcc")
 # With it, pocserve's default for block-FP8 checkpoints (backend/engine/kernels.py); `kernels` sets each path.
 [ -f /tmp/site/.staged-p5 ] && [ -n "$nvcc" ] || export VLLM_USE_DEEP_GEMM=0
-quiet() { grep -vE "^(INFO|WARNING|DEBUG)|^\(EngineCore"; }
+quiet() { grep --line-buffered -vE "^(INFO|WARNING|DEBUG)|^\(EngineCore"; }  # line by line: a cut run keeps its lines
 # The servers' logs of the latest bench.serving run, into $out/logs-TAG (their start phases explain start times).
 keep_logs() {
   local dir; dir=$(ls -dt /tmp/pocserve-bench-* 2>/dev/null | head -1) || return 0
@@ -226,6 +226,9 @@ case "${1:-tests}" in
       config_only "$layers" fp8
     fi
     kout=/tmp/kernels-${KWEIGHTS:-dummy}; mkdir -p "$kout"
+    # The KV cache PoC leases: two forwards in flight of 64 x 1024 tokens, twice over, at 2 KiB a token and layer.
+    # Left to 0.85 of an H100 it took 23.6 GiB and the forwards' activations ran out of memory (2026-12-06).
+    kv=${KKV:-$(( layers * 512 ))M}
     echo "nvcc: ${nvcc:-none}  CUDA_HOME: ${CUDA_HOME:-unset}  DeepGEMM staged: $([ -f /tmp/site/.staged-p5 ] && echo yes || echo no)" | tee -a "$out/kernels.txt"
     for spec in ${KERNELS:-triton:triton:auto:0:0 stock:auto:auto:1:1 deepgemm:deep_gemm:deep_gemm:1:0 deepgemm_e8m0:deep_gemm:deep_gemm:1:1}; do
       IFS=: read -r name moe linear dg e8m0 tuned <<< "$spec"
@@ -236,7 +239,7 @@ case "${1:-tests}" in
       timeout --signal=INT "${KTIMEOUT_S:-240}" python3 -m bench.poc_forward --shape qwen3-235b-a22b \
         --num-layers "$layers" --quant fp8 "${weights[@]}" --model-dir "$dir" --seq-lens 1024 --batches ${KBATCHES:-32 64} \
         --iters "${KITERS:-2}" --rounds 3 --gpu-memory-utilization 0.85 --engine-arg=--enforce-eager \
-        --engine-arg=--moe-backend="$moe" --engine-arg=--linear-backend="$linear" --engine-arg=--kernel-warmup=off \
+        --engine-arg=--kv-cache-memory-bytes="$kv" --engine-arg=--moe-backend="$moe" --engine-arg=--linear-backend="$linear" --engine-arg=--kernel-warmup=off \
         --artifacts-out "$kout/kernels-$name.json" --json "$kout/bench-$name.json" > "$kout/log-$name.txt" 2>&1 \
         || echo "$name: exit $?" | tee -a "$out/kernels.txt"
       grep -E "^L=|^device|Fp8 MoE backend|for Fp8LinearMethod|[Dd]eep[_ ]?[Gg][Ee][Mm][Mm]|Error|error:" \

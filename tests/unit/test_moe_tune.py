@@ -23,3 +23,28 @@ def test_fastest_per_batch_and_the_file_vllm_reads():
     body = json.loads(moe_tune.config_file(best, "3.5.0"))
     assert body.pop("triton_version") == "3.5.0"
     assert {int(k): v for k, v in body.items()} == best
+
+
+def test_likely_tiles_first_and_the_set_unchanged():
+    space = moe_tune.search_space((128, 128), "small")
+
+    def key(c):
+        return json.dumps(c, sort_keys=True)
+
+    # PoC's 32 x 1024 tokens on the 235B's 128 experts, top-8: 2,048 tokens an expert, the largest M tile first
+    poc = moe_tune.likely_first(space, 32768, 128, 8)
+    assert sorted(map(key, poc)) == sorted(map(key, space))
+    assert poc[0]["BLOCK_SIZE_M"] == 128 and poc[0]["BLOCK_SIZE_N"] == 128
+    assert [c["BLOCK_SIZE_M"] for c in poc[-4:]] == [16] * 4
+    # a decode step of 16 tokens: one token an expert, the smallest M tile first
+    assert moe_tune.likely_first(space, 16, 128, 8)[0]["BLOCK_SIZE_M"] == 16
+    # 512 tokens: 32 an expert
+    assert moe_tune.likely_first(space, 512, 128, 8)[0]["BLOCK_SIZE_M"] == 32
+
+
+def test_fewer_calls_per_graph_at_poc_token_counts():
+    assert moe_tune.iters_for(16, 10) == 10
+    assert moe_tune.iters_for(2048, 10) == 10
+    assert moe_tune.iters_for(4096, 10) == 5
+    assert moe_tune.iters_for(32768, 10) == 2
+    assert moe_tune.iters_for(65536, 10) == 2
