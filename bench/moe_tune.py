@@ -55,9 +55,10 @@ def likely_first(space: list[dict[str, int]], m: int, experts: int, topk: int) -
 
 
 def iters_for(m: int, iters: int) -> int:
-    """Calls per CUDA graph at batch m: fewer at PoC's token counts, where one call is tens of milliseconds and
-    a graph of ten, replayed four times per candidate, made one batch size outlast a device call (2026-12-06, H100: a run cut at 250 s had
-    not finished M=32768's 96 candidates); at least 2, so a graph still times back-to-back calls."""
+    """Calls per CUDA graph at batch m: fewer at PoC's token counts, where one call is tens of milliseconds and a
+    graph of ten, replayed four times per candidate, made one batch size outlast a device call (2026-12-06, H100:
+    a run cut at 250 s had not finished M=32768's 96 candidates); at least 2, so a graph still times back-to-back
+    calls."""
     return max(2, min(iters, iters * 2048 // m))
 
 
