@@ -239,7 +239,8 @@ case "${1:-tests}" in
       timeout --signal=INT "${KTIMEOUT_S:-240}" python3 -m bench.poc_forward --shape qwen3-235b-a22b \
         --num-layers "$layers" --quant fp8 "${weights[@]}" --model-dir "$dir" --seq-lens 1024 --batches ${KBATCHES:-32 64} \
         --iters "${KITERS:-2}" --rounds 3 --gpu-memory-utilization 0.85 --engine-arg=--enforce-eager \
-        --engine-arg=--kv-cache-memory-bytes="$kv" --engine-arg=--moe-backend="$moe" --engine-arg=--linear-backend="$linear" --engine-arg=--kernel-warmup=off \
+        --engine-arg=--kv-cache-memory-bytes="$kv" --engine-arg=--moe-backend="$moe" \
+        --engine-arg=--linear-backend="$linear" --engine-arg=--kernel-warmup=off \
         --artifacts-out "$kout/kernels-$name.json" --json "$kout/bench-$name.json" > "$kout/log-$name.txt" 2>&1 \
         || echo "$name: exit $?" | tee -a "$out/kernels.txt"
       grep -E "^L=|^device|Fp8 MoE backend|for Fp8LinearMethod|[Dd]eep[_ ]?[Gg][Ee][Mm][Mm]|Error|error:" \
