@@ -15,7 +15,8 @@ RNG or post-processing. The three are timed in alternating rounds and the median
 rate alone moved by 10% between two runs of one lease, more than the PoC's overhead. Under tensor parallelism all
 three run on every rank (collective_rpc). "Peak" is the most device memory torch held during one PoC batch above
 what it held before it (the largest rank's), beside vLLM's own profile of a step of max_num_batched_tokens. MFU
-counts 2 × (q, k, v, o, MLP weights) per token plus causal attention, against the bf16 matmul peak measured here.
+counts 2 × (q, k, v, o, MLP weights) per token plus causal attention, against the matmul peak measured here in
+the weights' type: FP8's for an FP8 checkpoint (its GEMMs run in FP8; against bf16's, DeepGEMM read 1.05), else bf16's.
 """
 
 from __future__ import annotations
@@ -298,6 +299,10 @@ def main(argv: list[str] | None = None) -> None:
     hf_cfg = engine.vllm_config.model_config.hf_config
     peak = llm.collective_rpc(_peak_tflops)[0]
     peak_fp8 = llm.collective_rpc(peak_fp8_tflops)[0]
+    quant = getattr(hf_cfg, "quantization_config", None)
+    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+    mfu_of = "fp8" if method == "fp8" and peak_fp8 else "bf16"
+    mfu_peak = peak_fp8 if mfu_of == "fp8" else peak
     print("worker:", llm.collective_rpc(_describe)[0], flush=True)
     pool = compat.block_pool(llm)
     rows = []
@@ -345,15 +350,15 @@ def main(argv: list[str] | None = None) -> None:
                "bare_nonces_per_s": batch / bare_s, "ratio": statistics.median(round_ratios),
                "round_ratios": round_ratios, "round_nonces_per_s": batch / launched_s,
                "round_ratio": statistics.median(launched_ratios), "round_round_ratios": launched_ratios,
-               "round_path": _round_path(runner),
-               "poc_mfu": flops / poc_s / 1e12 / peak, "bare_mfu": flops / bare_s / 1e12 / peak,
+               "round_path": _round_path(runner), "mfu_of": mfu_of,
+               "poc_mfu": flops / poc_s / 1e12 / mfu_peak, "bare_mfu": flops / bare_s / 1e12 / mfu_peak,
                "poc_tflops": flops / poc_s / 1e12, "bare_tflops": flops / bare_s / 1e12, **memory}
         if parts:
             row["parts_ms"] = parts
             print("   stage ms per batch: " + "  ".join(f"{k} {v:.2f}" for k, v in parts.items()), flush=True)
         rows.append(row)
         print(f"L={seq_len:5d} B={batch:3d}  PoC {row['poc_nonces_per_s']:9.1f} nonces/s "
-              f"(MFU {row['poc_mfu']:.3f})  bare {row['bare_nonces_per_s']:9.1f} nonces/s "
+              f"(MFU {row['poc_mfu']:.3f} of {mfu_of})  bare {row['bare_nonces_per_s']:9.1f} nonces/s "
               f"(MFU {row['bare_mfu']:.3f}, {row['bare_tflops']:.0f} TFLOP/s)  PoC/bare {row['ratio']:.3f} (median of "
               f"{' '.join(f'{x:.3f}' for x in row['round_ratios'])})  round {row['round_nonces_per_s']:9.1f} "
               f"nonces/s, round/bare {row['round_ratio']:.3f} (median of "

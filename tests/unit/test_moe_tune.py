@@ -48,3 +48,16 @@ def test_fewer_calls_per_graph_at_poc_token_counts():
     assert moe_tune.iters_for(4096, 10) == 5
     assert moe_tune.iters_for(32768, 10) == 2
     assert moe_tune.iters_for(65536, 10) == 2
+
+
+def test_vllms_own_pick_is_a_candidate():
+    # the installed vLLM's pick for the 235B's experts on one GPU (no shipped file for N=1536): a PoC forward's
+    # 32 x 1024 tokens and a decode step's 4
+    poc = moe_tune.vllm_default_config(128, 1536, 4096, 8, (128, 128), 32768)
+    decode = moe_tune.vllm_default_config(128, 1536, 4096, 8, (128, 128), 4)
+    assert poc is not None and decode is not None
+    assert poc["BLOCK_SIZE_M"] > decode["BLOCK_SIZE_M"]
+    assert all(128 % c["BLOCK_SIZE_N"] == 0 and 128 % c["BLOCK_SIZE_K"] == 0 for c in (poc, decode))
+    # where no tile beats it, the file keeps it rather than the fastest of the tiles tried
+    tile = {"BLOCK_SIZE_M": 128}
+    assert moe_tune.best_per_batch({32768: [(18470.0, poc), (18648.4, tile)]}) == {32768: poc}
