@@ -121,8 +121,8 @@ class PocGraphs:
                 return None
             try:
                 captured = self._capture(worker, block_ids, num_seqs, seq_len, fill_inputs, vectors)
-            except Exception as e:
-                self.off_reason = f"{type(e).__name__}: {e}"[:300]
+            except Exception as e:  # the whole reason: an out-of-memory one ends with what torch held and reserved
+                self.off_reason = f"{type(e).__name__}: {e}"[:1000]
                 log.warning("poc_graphs_off", reason=self.off_reason)
                 return None
             self._captured[key] = captured
@@ -157,6 +157,10 @@ class PocGraphs:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         captured = Captured(graph, x, forward._vectors, metadata, list(block_ids))
+        # A graph's pool cannot use the blocks torch's allocator caches for eager work, and the eager forwards before
+        # (profiling, warm-up) left gigabytes of them: on an H100 the 235B slice's first capture failed asking 8 GiB
+        # with 7.7 free (2026-12-06). Giving them back first costs one device sync, once per shape.
+        torch.cuda.empty_cache()
         # thread_local: only this thread's calls are checked (the engine thread queues nothing else meanwhile).
         with compat.own_workspace(captured):
             graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
