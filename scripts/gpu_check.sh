@@ -118,8 +118,17 @@ config_only() {
   python3 -m backend.tools.modelgen --out "$dir" --shape qwen3-235b-a22b --num-layers "$1" \
     $([ "$2" = fp8 ] && echo --quant fp8) --config-only
 }
-# A call that timed out can leave engine workers (their own session) holding the GPUs into the next call.
-free_gpus() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9 2>/dev/null; sleep 2; }
+# A call that timed out can leave engine workers (their own session) holding the GPUs into the next call, and a run
+# cut during a JIT build (FlashInfer's ninja and nvcc: minutes an object) leaves its compilers on the host's cores.
+free_gpus() {
+  nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9 2>/dev/null
+  local name count
+  for name in ninja nvcc cicc ptxas 'cudafe\+\+'; do  # one name a pattern: pgrep matches none past 15 characters
+    count=$(pgrep -c -x "$name" || true)
+    [ "${count:-0}" -gt 0 ] && echo "free_gpus: stopping $count leftover $name" >&2 && { pkill -9 -x "$name" || true; }
+  done
+  sleep 2
+}
 # spy LOG SECONDS: once LOG shows bench.rounds' first round, py-spy samples our backend and `vllm serve`, each with
 # its subprocesses, for SECONDS (non-blocking, busy threads only, collapsed stacks by thread) into $out/spy-*.txt.
 spy() {
