@@ -11,8 +11,8 @@ quantisation, the sum over top-k) under `override_config` for each candidate in 
 on random FP8 weights with 128 × 128 block scales, and writes the fastest per batch size under that file name. Each
 candidate is timed as a CUDA graph of `--iters` calls, the GPU's time alone, as a graphed decode step runs it; the
 default config is timed alike, for the gain, and is a candidate itself: where no tile beats it, the file keeps it.
-Compiling a candidate takes Triton about a second, and at PoC's token
-counts timing one takes as long again: `--budget-s` bounds a run, trying the likely tiles of each batch first.
+Compiling a candidate takes Triton about a second, and at PoC's token counts timing one takes as long again:
+`--budget-s` bounds a run, trying the likely tiles of each batch first.
 """
 
 from __future__ import annotations
