@@ -76,16 +76,13 @@ def config_file(best: dict[int, dict], triton_version: str) -> str:
 
 
 def vllm_default_config(experts: int, intermediate: int, hidden: int, topk: int, block: tuple[int, int],
-                        m: int) -> dict[str, int] | None:
+                        m: int) -> dict[str, int]:
     """The tiles vLLM itself picks at batch m without a tuned file (its shipped file where one exists, else its
-    heuristic), as the kernel's config dict; None where this vLLM's helper has another signature."""
+    heuristic), as the kernel's config dict."""
     from vllm.model_executor.layers.fused_moe.fused_moe import try_get_optimal_moe_config
 
     w1_shape, w2_shape = (experts, 2 * intermediate, hidden), (experts, hidden, intermediate)
-    try:
-        return dict(try_get_optimal_moe_config(w1_shape, w2_shape, topk, "fp8_w8a8", m, list(block)))
-    except TypeError:
-        return None
+    return dict(try_get_optimal_moe_config(w1_shape, w2_shape, topk, "fp8_w8a8", m, list(block)))
 
 
 class Problem:
@@ -187,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         # vLLM's own pick competes: on an H100 (2026-12-06) no tile of the space beat it at M=32768 or 65536, and
         # the file's slower M=65536 tile made the 64 x 1024 PoC forward 15% slower than no file at all.
         default_cfg = vllm_default_config(args.experts, args.intermediate, args.hidden, args.topk, block, m)
-        timings[m] = [(default_us, default_cfg)] if default_cfg else []
+        timings[m] = [(default_us, default_cfg)]
         tried = 0
         for cfg in likely_first(space, m, args.experts, args.topk):
             if spent() and tried:
@@ -197,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                 timings[m].append((time_config(problem, m, cfg, iters), cfg))
             except Exception as e:  # out of shared memory or registers for this tile: not a candidate here
                 print(f"  M={m} {cfg}: {type(e).__name__}: {str(e)[:120]}", flush=True)
-        best_us, best_cfg = min(timings[m], key=lambda t: t[0]) if timings[m] else (float("nan"), {})
+        best_us, best_cfg = min(timings[m], key=lambda t: t[0])
         kept = best_cfg == default_cfg
         rows.append({"batch": m, "default_us": round(default_us, 2), "best_us": round(best_us, 2), "best": best_cfg,
                      "default": default_cfg, "default_kept": kept, "tried": tried, "candidates": len(space)})

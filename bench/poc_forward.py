@@ -299,9 +299,8 @@ def main(argv: list[str] | None = None) -> None:
     hf_cfg = engine.vllm_config.model_config.hf_config
     peak = llm.collective_rpc(_peak_tflops)[0]
     peak_fp8 = llm.collective_rpc(peak_fp8_tflops)[0]
-    quant = getattr(hf_cfg, "quantization_config", None)
-    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
-    mfu_of = "fp8" if method == "fp8" and peak_fp8 else "bf16"
+    quant = getattr(hf_cfg, "quantization_config", None)  # a dict, as backend/engine/kernels.py reads it
+    mfu_of = "fp8" if isinstance(quant, dict) and quant.get("quant_method") == "fp8" and peak_fp8 else "bf16"
     mfu_peak = peak_fp8 if mfu_of == "fp8" else peak
     print("worker:", llm.collective_rpc(_describe)[0], flush=True)
     pool = compat.block_pool(llm)
