@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from dataclasses import dataclass
 
@@ -68,14 +69,35 @@ def tokens_for(i: int, max_tokens: int, min_tokens: int | None) -> int:
     return min_tokens + (i * 7919) % (max_tokens - min_tokens + 1)
 
 
+def arrival_offsets(num_requests: int, rate: float, seed: int) -> list[float]:
+    """Seconds from the load's start at which each request is sent: a Poisson process of `rate` requests/s
+    (exponential gaps), seeded, so every system gets the same schedule for the same seed. The first goes at 0."""
+    rng = random.Random(seed)
+    offsets, at = [], 0.0
+    for _ in range(num_requests):
+        offsets.append(at)
+        at += rng.expovariate(rate)
+    return offsets
+
+
 async def run_load(base_url: str, model: str, *, num_requests: int, concurrency: int, max_tokens: int,
-                   first_index: int = 0, min_tokens: int | None = None) -> tuple[list[Result], float]:
-    """Returns each request's result and the wall time of the whole load (first send to last byte)."""
+                   first_index: int = 0, min_tokens: int | None = None,
+                   request_rate: float | None = None) -> tuple[list[Result], float]:
+    """Returns each request's result and the wall time of the whole load (first send to last byte).
+
+    Closed loop by default: a new request as soon as one of the `concurrency` ends, so a server that answers
+    sooner holds more requests in decode at once (longer steps, higher TPOT, more throughput). With
+    `request_rate` the load is open: requests arrive on a seeded Poisson schedule (the same for every system at
+    the same `first_index`) and `concurrency` only caps those in flight, so both systems see the same offered
+    load and their TPOT compare at it."""
     url = f"{base_url}/v1/chat/completions"
     sem = asyncio.Semaphore(concurrency)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
+    offsets = arrival_offsets(num_requests, request_rate, first_index) if request_rate else [0.0] * num_requests
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency), timeout=timeout) as s:
         async def gated(i: int) -> Result:
+            if (wait_s := started + offsets[i] - time.perf_counter()) > 0:
+                await asyncio.sleep(wait_s)
             async with sem:
                 index = first_index + i
                 return await _one(s, url, model, index, tokens_for(index, max_tokens, min_tokens))
@@ -102,11 +124,14 @@ def summarize(results: list[Result], duration_s: float) -> dict:
     e2e_ms = [r.e2e_s * 1e3 for r in ok]
     # Time per output token after the first, per request (decode speed as one client sees it).
     tpot_ms = [(r.e2e_s - r.ttft_s) * 1e3 / (r.num_output_tokens - 1) for r in ok if r.num_output_tokens > 1]
+    # Requests past their first token, on average over the load (Little's law on the client's clock): the decode
+    # batch a TPOT was measured at. In a closed loop the system with the lower TTFT holds more (docs/decisions.md).
+    decoding_mean = sum(r.e2e_s - r.ttft_s for r in ok) / duration_s if duration_s > 0 else float("nan")
     return {
         "num_requests": len(results), "num_ok": len(ok), "duration_s": duration_s,
         "errors": sorted({r.error for r in results if not r.ok})[:5],
         "req_per_s": len(ok) / duration_s, "output_tok_per_s": sum(r.num_output_tokens for r in ok) / duration_s,
         "ttft_p50_ms": percentile(ttft_ms, 50), "ttft_p99_ms": percentile(ttft_ms, 99),
         "e2e_p50_ms": percentile(e2e_ms, 50), "e2e_p99_ms": percentile(e2e_ms, 99),
-        "tpot_p50_ms": percentile(tpot_ms, 50),
+        "tpot_p50_ms": percentile(tpot_ms, 50), "decoding_mean": decoding_mean,
     }

@@ -17,6 +17,11 @@ serving layers differ. `--ours-env KEY=VALUE` adds environment for our backend o
 `--vllm-arg` add flags to one side only (a `--compilation-config` among the latter is merged with the fusion
 decision below, e.g. `--vllm-arg=--compilation-config --vllm-arg='{"custom_ops":["all"]}'`: our backend's op set).
 
+The load is a closed loop by default: a server that answers sooner holds more requests in decode at once, so its
+TPOT is measured at a larger batch (the "in decode" row: requests past their first token, on average).
+`--request-rate R` sends an open load instead: R requests/s on a seeded Poisson schedule, the same for both systems,
+so their TPOT and TTFT compare at the same offered load (docs/decisions.md, "Chat's TPOT against `vllm serve`").
+
 `--rounds N` runs both systems at once in N interleaved pairs of rounds instead of one after the other
 (bench/rounds.py): the mode that can tell a 5-10% difference. The single pass is what `--rounds 0` (the default)
 runs.
@@ -75,6 +80,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--min-tokens", type=int, default=None,
                    help="spread each request's max_tokens evenly over [this, --max-tokens] (default: all equal)")
+    p.add_argument("--request-rate", type=float, default=0.0,
+                   help="requests/s arriving on a seeded Poisson schedule, the same for both systems, --concurrency "
+                        "the cap in flight (0: closed loop at --concurrency); the warm-up stays closed")
     p.add_argument("--num-warmup", type=int, default=0,
                    help="requests per warm-up round (0: two per concurrency slot, so the load's batch sizes occur)")
     p.add_argument("--max-warmup-rounds", type=int, default=8,
@@ -114,6 +122,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if not args.systems or any(s not in SYSTEMS for s in args.systems):
         p.error(f"--systems: choose from {', '.join(SYSTEMS)}")
+    if args.request_rate < 0:
+        p.error("--request-rate: requests/s above 0, or 0 for a closed loop")
     if args.rounds < 0:
         p.error("--rounds: 0 (one pass each) or more")
     if args.rounds and sorted(args.systems) != sorted(SYSTEMS):
@@ -238,7 +248,7 @@ def bench_system(name: str, args: argparse.Namespace, model_dir: Path) -> dict:
         cpu_before = _cpu_now(procs)
         results, duration_s = asyncio.run(run_load(base_url, SERVED_NAME, num_requests=args.num_requests,
                                                    concurrency=args.concurrency, max_tokens=args.max_tokens,
-                                                   min_tokens=args.min_tokens))
+                                                   min_tokens=args.min_tokens, request_rate=args.request_rate))
         cpu = [after - before for after, before in zip(_cpu_now(procs), cpu_before, strict=False)]
         for p in procs:
             p.check_running()
@@ -256,7 +266,8 @@ def bench_system(name: str, args: argparse.Namespace, model_dir: Path) -> dict:
 ROWS = (("requests/s", "req_per_s", "{:.2f}"), ("output tok/s", "output_tok_per_s", "{:.1f}"),
         ("TTFT p50 ms", "ttft_p50_ms", "{:.1f}"), ("TTFT p99 ms", "ttft_p99_ms", "{:.1f}"),
         ("e2e p50 ms", "e2e_p50_ms", "{:.1f}"), ("e2e p99 ms", "e2e_p99_ms", "{:.1f}"),
-        ("TPOT p50 ms", "tpot_p50_ms", "{:.2f}"), ("ok / sent", None, None), ("startup s", "startup_s", "{:.0f}"),
+        ("TPOT p50 ms", "tpot_p50_ms", "{:.2f}"), ("in decode, mean", "decoding_mean", "{:.1f}"),
+        ("ok / sent", None, None), ("startup s", "startup_s", "{:.0f}"),
         ("warm-up reqs", "warmup_requests", "{:d}"), ("servers CPU %", "servers_cpu_pct", "{:.0f}"),
         ("client CPU %", "client_cpu_pct", "{:.0f}"),
         ("foreign CPU %", "foreign_cpu_pct", "{:.0f}"))

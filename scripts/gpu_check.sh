@@ -252,7 +252,7 @@ case "${1:-tests}" in
         --engine-arg=--linear-backend="$linear" --engine-arg=--kernel-warmup=off \
         --artifacts-out "$kout/kernels-$name.json" --json "$kout/bench-$name.json" > "$kout/log-$name.txt" 2>&1 \
         || echo "$name: exit $?" | tee -a "$out/kernels.txt"
-      grep -E "^L=|^device|Fp8 MoE backend|for Fp8LinearMethod|[Dd]eep[_ ]?[Gg][Ee][Mm][Mm]|Error|error:" \
+      grep -E "^L=|^device|Fp8 MoE backend|for Fp8LinearMethod|[Dd]eep[_ ]?[Gg][Ee][Mm][Mm]|poc_graph|Error|error:" \
         "$kout/log-$name.txt" | grep -v "^INFO.*import" | cut -c1-400 | sort -u | head -30 | tee -a "$out/kernels.txt"
       echo "$name: $(( $(date +%s) - started )) s" | tee -a "$out/kernels.txt"
     done
@@ -586,16 +586,17 @@ PY
       *) echo "bench-serving-rounds: unknown RMODEL $RMODEL (0.6b, 235b LAYERS)" >&2; exit 2 ;;
     esac
     free_gpus
-    log=$out/serving-rounds-$control.log
+    name=serving-rounds-${TAG:-$control}  # TAG names this call's files (e.g. one per load, EXTRA="--request-rate 90")
+    log=$out/$name.log
     [ -n "${SPY_S:-}" ] && spy "$log" "$SPY_S" &
     timeout --signal=INT "${TIMEOUT_S:-450}" python3 -m bench.serving "${model[@]}" \
       --num-requests "${NREQ:-512}" --concurrency 64 --max-tokens 128 --max-num-seqs 256 \
       --max-num-batched-tokens 8192 --gpu-memory-utilization 0.4 --rounds "${ROUNDS:-12}" --max-warmup-rounds 4 \
       --settle-s 3 "${vflags[@]}" ${EXTRA:-} --device-note "$(nvidia-smi --query-gpu=name --format=csv,noheader)" \
-      --json "$out/serving-rounds-$control.json" > "$log" 2>&1 || echo "bench.serving: exit $? (130: cut by TIMEOUT_S)"
+      --json "$out/$name.json" > "$log" 2>&1 || echo "bench.serving: exit $? (130: cut by TIMEOUT_S)"
     wait
-    quiet < "$log" | tail -60 | tee "$out/serving-rounds-$control.txt"
-    keep_logs "serving-rounds-$control"
+    quiet < "$log" | tail -60 | tee "$out/$name.txt"
+    keep_logs "$name"
     free_gpus
     ;;
 esac

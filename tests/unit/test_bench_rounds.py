@@ -20,7 +20,8 @@ def test_each_system_runs_first_in_every_other_pair() -> None:
 
 def _round(system: str, pair: int, req_per_s: float, tpot_ms: float) -> dict:
     return {"system": system, "pair": pair, "foreign_cpu_pct": 1.0, "req_per_s": req_per_s,
-            "output_tok_per_s": 64 * req_per_s, "tpot_p50_ms": tpot_ms, "ttft_p50_ms": 100.0, "e2e_p50_ms": 500.0}
+            "output_tok_per_s": 64 * req_per_s, "tpot_p50_ms": tpot_ms, "ttft_p50_ms": 100.0, "e2e_p50_ms": 500.0,
+            "decoding_mean": 32.0}
 
 
 def test_pairs_give_ratios_ours_over_vllm_with_who_ran_first() -> None:

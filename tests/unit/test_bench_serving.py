@@ -1,5 +1,8 @@
 """bench.serving's warm-up rule (the load starts once two warm-up rounds in a row agree on TTFT p99), and bench.load's
-spread of output lengths."""
+spread of output lengths, open load's arrival schedule and its count of requests in decode."""
+
+import itertools
+import math
 
 import pytest
 
@@ -35,3 +38,27 @@ def test_spread_output_lengths_cover_the_range_evenly():
     counts = {n: lengths.count(n) for n in set(lengths)}
     assert set(counts) == set(range(16, 65)) and set(counts.values()) == {20}  # each length equally often
     assert lengths == [tokens_for(i, 64, 16) for i in range(49 * 20)]  # by index: the same for both systems
+
+
+def test_an_open_load_arrives_on_one_seeded_poisson_schedule():
+    from bench.load import arrival_offsets
+    offsets = arrival_offsets(4000, 50.0, seed=7)
+    assert offsets[0] == 0.0 and offsets == sorted(offsets)
+    assert offsets == arrival_offsets(4000, 50.0, seed=7)  # the same schedule for both systems of a pair
+    assert offsets != arrival_offsets(4000, 50.0, seed=8)
+    gaps = [b - a for a, b in itertools.pairwise(offsets)]
+    assert sum(gaps) / len(gaps) == pytest.approx(1 / 50.0, rel=0.05)  # 4000 exponential gaps: within ~1.6% (1 sd)
+    assert sorted(gaps)[len(gaps) // 2] == pytest.approx(math.log(2) / 50.0, rel=0.1)  # an exponential's median
+    with pytest.raises(SystemExit):
+        parse_args(["--request-rate", "-1"])
+
+
+def test_in_decode_is_the_mean_number_of_requests_past_their_first_token():
+    from bench.load import Result, summarize
+    results = [Result(ok=True, ttft_s=0.5, e2e_s=2.5, num_output_tokens=5),  # 2 s in decode
+               Result(ok=True, ttft_s=0.0, e2e_s=4.0, num_output_tokens=9),  # 4 s
+               Result(ok=False, error="HTTP 500")]
+    figures = summarize(results, duration_s=4.0)
+    assert figures["decoding_mean"] == pytest.approx(6.0 / 4.0)
+    assert figures["tpot_p50_ms"] == pytest.approx(500.0)  # 2 s over 4 tokens and 4 s over 8: both 0.5 s
+    assert figures["num_ok"] == 2 and figures["errors"] == ["HTTP 500"]
