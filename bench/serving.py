@@ -348,6 +348,9 @@ def interleaved(args: argparse.Namespace, model_dir: Path, argv: list[str] | Non
     if result["interrupted"]:
         print("interrupted; child processes stopped", file=sys.stderr)
     print_summary(result["summary"])
+    if args.request_rate:
+        print(f"open load at {args.request_rate:g} requests/s: requests/s is the offered rate's on both sides unless "
+              "one falls behind; compare TPOT, TTFT and e2e")
     for r in result["rounds"]:
         for err in r["errors"]:
             print(f"[{r['system']}] error: {err}")
