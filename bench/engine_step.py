@@ -7,6 +7,9 @@ host work around the model: what decides TPOT on a GPU, where the forward is sho
 
 - vllm: `LLMEngine.step()` in-process: engine core step + output processing (detokenizer, stop strings) on the
   calling thread, as our backend did before the processor process.
+- vllm-core: what `vllm serve`'s engine core process does per step (EngineCoreProc's busy loop: step_fn, post_step,
+  the outputs encoded by an output thread and pushed to another process): no output processing, which its API server
+  process does. The baseline for our engine thread; `vllm` above also counts the detokenizer's host work.
 - ours: one iteration of our engine loop (ingest, policy, EngineCore step, routing of the outputs) with the real
   processor process and sockets, as `python -m backend` runs it; detokenizing happens in the processor.
 
@@ -110,6 +113,59 @@ def run_vllm(settings, n: int, tokens: int) -> dict:
     return clock.summary()
 
 
+def run_vllm_core(settings, n: int, tokens: int) -> dict:
+    """vLLM's engine core as `vllm serve` runs it (EngineCoreProc's busy loop in a process of its own): `step_fn`,
+    the outputs put on a queue, `post_step`; an output thread encodes them with vLLM's MsgpackEncoder and pushes them
+    to a socket that another process drains (the API server, which detokenizes there, off this process's GIL)."""
+    import threading
+
+    from vllm import SamplingParams
+    from vllm.v1.engine.llm_engine import LLMEngine
+    from vllm.v1.serial_utils import MsgpackEncoder
+
+    from backend.engine.args import USAGE_CONTEXT, engine_args
+    llm = LLMEngine.from_engine_args(engine_args(settings), usage_context=USAGE_CONTEXT)
+    core = llm.engine_core.engine_core
+    clock = StepClock(core.model_executor)
+    tokenizer = llm.get_tokenizer()
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0.0)
+    address = f"ipc://{tempfile.mkdtemp(prefix='engine-step-')}/out.ipc"
+    drain = subprocess.Popen([sys.executable, "-c", "import sys, zmq\ns = zmq.Context().socket(zmq.PULL)\n"
+                              "s.connect(sys.argv[1])\nwhile True: s.recv_multipart()", address])
+    outputs_queue: queue.Queue = queue.Queue()
+
+    def send_outputs() -> None:
+        encoder = MsgpackEncoder()
+        push: zmq.Socket = zmq.Context.instance().socket(zmq.PUSH)
+        push.bind(address)
+        while (item := outputs_queue.get()) is not None:
+            push.send_multipart(encoder.encode(item[1]), copy=False)
+        push.close(linger=0)
+
+    def step() -> None:
+        outputs, model_executed = core.step_fn()
+        for output in outputs.items() if outputs else ():
+            outputs_queue.put_nowait(output)
+        core.post_step(model_executed)
+
+    sender = threading.Thread(target=send_outputs, daemon=True)
+    sender.start()
+    try:
+        for warm in (True, False):
+            for i, text in enumerate(_prompts(n)):
+                chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                     add_generation_prompt=True)
+                ids = tokenizer.encode(chat, add_special_tokens=False)
+                llm.add_request(f"{warm}-{i}", compat.token_prompt(list(ids)), params)
+            while core.scheduler.has_requests():
+                clock.timed(step, record=not warm)
+        return clock.summary()
+    finally:
+        outputs_queue.put(None)
+        sender.join(timeout=10)
+        drain.kill()
+
+
 def run_ours(settings, n: int, tokens: int) -> dict:
     """Our engine process as `python -m backend` assembles it, driven by requests put on its inbox."""
     from backend.__main__ import build_loop, start_processor, stop_processor
@@ -149,14 +205,15 @@ def run_ours(settings, n: int, tokens: int) -> dict:
         store.close()
 
 
-def _without_json(argv: list[str]) -> list[str]:
+def _without(argv: list[str], *flags: str) -> list[str]:
+    """argv less each of `flags` with its value (`--flag VALUE` or `--flag=VALUE`)."""
     out, skip = [], False
     for a in argv:
         if skip:
             skip = False
-        elif a == "--json":
+        elif a in flags:
             skip = True
-        elif not a.startswith("--json="):
+        elif not a.startswith(tuple(f"{f}=" for f in flags)):
             out.append(a)
     return out
 
@@ -167,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", default="tiny")
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--tokens", type=int, default=64)
-    p.add_argument("--systems", default="vllm,ours", help="comma-separated; each runs in a process of its own")
+    p.add_argument("--systems", default="vllm,vllm-core,ours",
+                   help="comma-separated (vllm, vllm-core, ours); each runs in a process of its own")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--quiet", action="store_true", help="no summary lines (the per-system child processes)")
     p.add_argument("engine_flags", nargs="*", help="backend flags after --, e.g. -- --enforce-eager")
@@ -178,13 +236,14 @@ def main(argv: list[str] | None = None) -> int:
     systems = args.systems.split(",")
     figures = {}
     if len(systems) == 1:
-        figures[systems[0]] = (run_vllm if systems[0] == "vllm" else run_ours)(settings, args.requests, args.tokens)
+        run = {"vllm": run_vllm, "vllm-core": run_vllm_core, "ours": run_ours}[systems[0]]
+        figures[systems[0]] = run(settings, args.requests, args.tokens)
     else:  # each engine in a process of its own: one engine's KV cache is not given back before the next
         for system in systems:
             with tempfile.NamedTemporaryFile(suffix=".json") as out:
-                one = [a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--systems")]
+                one = _without(argv if argv is not None else sys.argv[1:], "--systems", "--json")
                 subprocess.run([sys.executable, "-m", "bench.engine_step", "--systems", system, "--json", out.name,
-                                "--quiet", *_without_json(one)], check=True)
+                                "--quiet", *one], check=True)
                 figures[system] = json.loads(Path(out.name).read_text())["figures"][system]
     if not args.quiet:
         print()  # vLLM's native libraries may leave a line unterminated on stderr
@@ -192,10 +251,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{system:5} steps {f['num_steps']:4}  host ms/step: wall mean {f['host_ms_mean']:.3f} p50 "
               f"{f['host_ms_p50']:.3f}, engine-thread CPU mean {f['host_cpu_ms_mean']:.3f}  "
               f"(whole step {f['step_ms_mean']:.3f})", flush=True)
-    if len(figures) == 2:
-        o, v = figures["ours"], figures["vllm"]
-        print(f"ours/vllm host per step: wall {o['host_ms_mean'] / v['host_ms_mean']:.3f}, engine-thread CPU "
-              f"{o['host_cpu_ms_mean'] / v['host_cpu_ms_mean']:.3f}")
+    for base in ("vllm", "vllm-core") if "ours" in figures and not args.quiet else ():
+        if base in figures:
+            o, v = figures["ours"], figures[base]
+            print(f"ours/{base} host per step: wall {o['host_ms_mean'] / v['host_ms_mean']:.3f}, engine-thread CPU "
+                  f"{o['host_cpu_ms_mean'] / v['host_cpu_ms_mean']:.3f}; whole step "
+                  f"{o['step_ms_mean'] / v['step_ms_mean']:.3f}")
     if args.json is not None:
         args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.platform(),
                                          "cpu_count": os.cpu_count(), "argv": sys.argv[1:], "figures": figures},
