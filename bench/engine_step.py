@@ -13,7 +13,7 @@ host work around the model: what decides TPOT on a GPU, where the forward is sho
 - ours: one iteration of our engine loop (ingest, policy, EngineCore step, routing of the outputs) with the real
   processor process and sockets, as `python -m backend` runs it; detokenizing happens in the processor.
 
-    .venv/bin/python -m bench.engine_step [--requests 32] [--tokens 64] [--json OUT]
+    .venv/bin/python -m bench.engine_step [--requests 32] [--tokens 64] [--arrivals 128] [--json OUT]
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def _prompts(n: int) -> list[str]:
     return [f"Request {i}: tell me something about the number {i * 7919 % 1000}." for i in range(n)]
 
 
-def run_vllm(settings, n: int, tokens: int) -> dict:
+def run_vllm(settings, n: int, tokens: int, arrivals: int = 0) -> dict:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.llm_engine import LLMEngine
@@ -113,26 +113,61 @@ def run_vllm(settings, n: int, tokens: int) -> dict:
     return clock.summary()
 
 
-def run_vllm_core(settings, n: int, tokens: int) -> dict:
-    """vLLM's engine core as `vllm serve` runs it (EngineCoreProc's busy loop in a process of its own): `step_fn`,
-    the outputs put on a queue, `post_step`; an output thread encodes them with vLLM's MsgpackEncoder and pushes them
-    to a socket that another process drains (the API server, which detokenizes there, off this process's GIL)."""
+def _length(j: int, tokens: int) -> int:
+    """Request j's max_tokens in an arrivals run: spread over [tokens/2, tokens], so requests end (and their
+    successors arrive) apart, not in waves."""
+    low = tokens // 2
+    return low + (j * 7919) % (tokens - low + 1)
+
+
+def _engine_core_requests(llm, prompts: list[str], lengths: list[int], tag: str) -> list:
+    """The EngineCoreRequests vLLM's input processing makes of these chats (what `vllm serve`'s API server sends
+    its engine core), caught on their way to the engine core instead of added."""
+    from vllm import SamplingParams
+
+    tokenizer, caught = llm.get_tokenizer(), []
+    original = llm.engine_core.add_request
+    llm.engine_core.add_request = caught.append
+    try:
+        for i, (text, length) in enumerate(zip(prompts, lengths, strict=True)):
+            chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                 add_generation_prompt=True)
+            ids = tokenizer.encode(chat, add_special_tokens=False)
+            llm.add_request(f"{tag}-{i}", compat.token_prompt(list(ids)),
+                            SamplingParams(max_tokens=length, ignore_eos=True, temperature=0.0))
+    finally:
+        llm.engine_core.add_request = original
+    return caught
+
+
+def run_vllm_core(settings, n: int, tokens: int, arrivals: int = 0) -> dict:
+    """vLLM's engine core as `vllm serve` runs it (EngineCoreProc in a process of its own): an input thread decodes
+    each request and makes its `Request` (`preprocess_add_request`: block hashes and all), the busy loop adds what
+    came (`_process_input_queue`), then `step_fn`, the outputs put on a queue, `post_step`; an output thread encodes
+    them with vLLM's MsgpackEncoder and pushes them to a socket another process drains (the API server, which
+    detokenizes there, off this process's GIL)."""
     import threading
 
-    from vllm import SamplingParams
+    from vllm.v1.engine import EngineCoreRequest
     from vllm.v1.engine.llm_engine import LLMEngine
-    from vllm.v1.serial_utils import MsgpackEncoder
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
     from backend.engine.args import USAGE_CONTEXT, engine_args
     llm = LLMEngine.from_engine_args(engine_args(settings), usage_context=USAGE_CONTEXT)
     core = llm.engine_core.engine_core
     clock = StepClock(core.model_executor)
-    tokenizer = llm.get_tokenizer()
-    params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0.0)
     address = f"ipc://{tempfile.mkdtemp(prefix='engine-step-')}/out.ipc"
     drain = subprocess.Popen([sys.executable, "-c", "import sys, zmq\ns = zmq.Context().socket(zmq.PULL)\n"
                               "s.connect(sys.argv[1])\nwhile True: s.recv_multipart()", address])
+    to_add: queue.Queue = queue.Queue()  # encoded requests, as they come off the input socket
+    added: queue.Queue = queue.Queue()  # (Request, wave) for the busy loop
     outputs_queue: queue.Queue = queue.Queue()
+    finished = 0
+
+    def take_inputs() -> None:
+        decoder = MsgpackDecoder(EngineCoreRequest)
+        while (frames := to_add.get()) is not None:
+            added.put(core.preprocess_add_request(decoder.decode(frames)))
 
     def send_outputs() -> None:
         encoder = MsgpackEncoder()
@@ -143,30 +178,46 @@ def run_vllm_core(settings, n: int, tokens: int) -> dict:
         push.close(linger=0)
 
     def step() -> None:
+        nonlocal finished
+        while not added.empty():
+            core.add_request(*added.get_nowait())
         outputs, model_executed = core.step_fn()
         for output in outputs.items() if outputs else ():
             outputs_queue.put_nowait(output)
+            finished += sum(o.finish_reason is not None for o in output[1].outputs)
         core.post_step(model_executed)
 
-    sender = threading.Thread(target=send_outputs, daemon=True)
-    sender.start()
+    threads = [threading.Thread(target=f, daemon=True) for f in (take_inputs, send_outputs)]
+    for t in threads:
+        t.start()
     try:
+        encoder = MsgpackEncoder()
         for warm in (True, False):
-            for i, text in enumerate(_prompts(n)):
-                chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                     add_generation_prompt=True)
-                ids = tokenizer.encode(chat, add_special_tokens=False)
-                llm.add_request(f"{warm}-{i}", compat.token_prompt(list(ids)), params)
-            while core.scheduler.has_requests():
+            total = arrivals if arrivals and not warm else n
+            lengths = [_length(j, tokens) if arrivals and not warm else tokens for j in range(total)]
+            # encode_into reuses no buffer here: each request's frames are its own
+            frames = [encoder.encode(r) for r in _engine_core_requests(llm, _prompts(total), lengths, str(warm))]
+            finished, sent = 0, min(n, total)
+            for f in frames[:sent]:
+                to_add.put(f)
+            while finished < total:
+                if not core.scheduler.has_requests():  # nothing to step until the input thread hands one over
+                    core.add_request(*added.get())
+                before = finished
                 clock.timed(step, record=not warm)
+                for f in frames[sent:sent + finished - before]:  # each finished request's successor arrives
+                    to_add.put(f)
+                sent = min(total, sent + finished - before)
         return clock.summary()
     finally:
+        to_add.put(None)
         outputs_queue.put(None)
-        sender.join(timeout=10)
+        for t in threads:
+            t.join(timeout=10)
         drain.kill()
 
 
-def run_ours(settings, n: int, tokens: int) -> dict:
+def run_ours(settings, n: int, tokens: int, arrivals: int = 0) -> dict:
     """Our engine process as `python -m backend` assembles it, driven by requests put on its inbox."""
     from backend.__main__ import build_loop, start_processor, stop_processor
     from backend.engine.adapter import Engine
@@ -189,14 +240,30 @@ def run_ours(settings, n: int, tokens: int) -> dict:
         while not loop.chat.is_ready:
             loop.ingest(block=True)
         for warm in (True, False):
-            for i, text in enumerate(_prompts(n)):
-                spec = SamplingSpec(max_tokens=tokens, ignore_eos=True, temperature=0.0)
-                inbox.put((b"fe-bench", GenerateRequest(rid=f"{warm}-{i}", sampling=spec, stream=True,
-                                                        messages=[ChatMessage(role="user", content=text)])))
-            while loop.chat.preparing or not loop.chat.owners:  # until the processor handed every request back
-                loop.ingest(block=True)
-            while loop.chat.has_work():
+            total = arrivals if arrivals and not warm else n
+            lengths = [_length(j, tokens) if arrivals and not warm else tokens for j in range(total)]
+            requests = [GenerateRequest(rid=f"{warm}-{i}", stream=True,
+                                        sampling=SamplingSpec(max_tokens=length, ignore_eos=True, temperature=0.0),
+                                        messages=[ChatMessage(role="user", content=text)])
+                        for i, (text, length) in enumerate(zip(_prompts(total), lengths, strict=True))]
+            sent = min(n, total)
+            for request in requests[:sent]:
+                inbox.put((b"fe-bench", request))
+            if not arrivals or warm:
+                while loop.chat.preparing or not loop.chat.owners:  # until the processor handed every request back
+                    loop.ingest(block=True)
+            entered: set[str] = set()  # requests the engine has had; those no longer owned have finished
+            while sent < total or loop.chat.has_work() or loop.chat.is_preparing() or not inbox.empty():
+                if not loop.chat.has_work():  # nothing to step until the processor hands a request back
+                    loop.ingest(block=True)
+                    continue
                 clock.timed(loop.run_once, record=not warm)
+                entered.update(loop.chat.owners)
+                # each finished request's successor arrives, as the frontend would pass it on
+                successors = min(total - sent, len(entered) - len(loop.chat.owners) - (sent - n))
+                for request in requests[sent:sent + successors]:
+                    inbox.put((b"fe-bench", request))
+                sent += successors
         loop.pow.callbacks.close()
         return clock.summary()
     finally:
@@ -226,10 +293,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--systems", default="vllm,vllm-core,ours",
                    help="comma-separated (vllm, vllm-core, ours); each runs in a process of its own")
+    p.add_argument("--arrivals", type=int, default=0,
+                   help="measure over this many requests arriving as others end (N in flight, lengths spread over "
+                        "[T/2, T]): each step then carries the work of requests coming in (vllm-core and ours; "
+                        "0: the N requests added at once)")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--quiet", action="store_true", help="no summary lines (the per-system child processes)")
     p.add_argument("engine_flags", nargs="*", help="backend flags after --, e.g. -- --enforce-eager")
     args = p.parse_args(argv)
+    if args.arrivals and "vllm" in args.systems.split(","):
+        p.error("--arrivals: for vllm-core and ours (LLMEngine.step adds requests on its own thread anyway)")
     model = ensure_model(args.model_dir, args.shape)
     settings = load_settings(["--model", str(model), "--generate-model", "none", "--max-num-seqs",
                               str(max(64, args.requests)), *args.engine_flags], {})
@@ -237,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     figures = {}
     if len(systems) == 1:
         run = {"vllm": run_vllm, "vllm-core": run_vllm_core, "ours": run_ours}[systems[0]]
-        figures[systems[0]] = run(settings, args.requests, args.tokens)
+        figures[systems[0]] = run(settings, args.requests, args.tokens, args.arrivals)
     else:  # each engine in a process of its own: one engine's KV cache is not given back before the next
         for system in systems:
             with tempfile.NamedTemporaryFile(suffix=".json") as out:
