@@ -157,10 +157,10 @@ class PocGraphs:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         captured = Captured(graph, x, forward._vectors, metadata, list(block_ids))
-        # A graph's pool cannot use the blocks torch's allocator caches for eager work, and the eager forwards before
-        # (profiling, warm-up) left gigabytes of them: on an H100 the 235B slice's first capture failed asking 8 GiB
-        # with 7.7 free (2026-12-06). Giving them back first costs one device sync, once per shape.
-        torch.cuda.empty_cache()
+        # The pool comes out of memory free on the device, never out of the blocks torch's allocator caches: those
+        # hold what vLLM's profile reserved for chat's activations. Emptying the cache first let the 235B slice's
+        # graphs capture on an H100, and an eager forward of the same size then ran out of memory beside them
+        # (2026-12-06, docs/decisions.md): a capture that does not fit turns graphs off instead.
         # thread_local: only this thread's calls are checked (the engine thread queues nothing else meanwhile).
         with compat.own_workspace(captured):
             graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
