@@ -103,7 +103,8 @@ def create_app(settings: FrontendSettings) -> FastAPI:
         client = BackendClient(
             settings.backend_address, settings.frontend_id, ping_interval_s=settings.ping_interval_s,
             backend_timeout_s=settings.backend_timeout_s, backend_wait_s=settings.backend_wait_s,
-            breaker_misses=settings.breaker_misses, curve_keys=settings.curve_client_secret_key_file,
+            breaker_misses=settings.breaker_misses, backend_busy_s=settings.backend_busy_s,
+            curve_keys=settings.curve_client_secret_key_file,
             curve_server_key=settings.curve_server_public_key_file)
         app.state.client = client
         app.state.metrics = FrontendMetrics(client)

@@ -2,7 +2,13 @@
 
 Owns all cross-request state: request id → stream queue, ping id → future, the backend fingerprint and its
 liveness. Created in the app lifespan and stored on app.state; routes only call its methods.
-With CURVE keys the DEALER is a CURVE client; a RefusalWatch logs and retries a handshake the backend refuses.
+With CURVE keys the DEALER is a CURVE client; a HandshakeWatch logs and retries a handshake the backend refuses.
+
+Down has two speeds. A lost connection (the HandshakeWatch's disconnect: the backend's process ended, or its network
+went silent past the ZMTP heartbeat timeout) fails the streams at once. Pings unanswered while the connection stays
+up mean the backend's process lives but its Python does not answer: its engine thread can hold the GIL for seconds
+in a native call (a kernel's JIT compile stalled every stream for 1.5 s+ on an H100, docs/decisions.md). Its
+streams and new requests then wait, up to `backend_busy_s`, before the backend counts as hung and down.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import zmq
 
 from common.curve import KeyFile, set_client_keys
 from common.sockets import make_client_socket
-from frontend.refusals import RefusalWatch
+from frontend.handshakes import HandshakeWatch
 from protocol.codec import frontend_codec
 from protocol.common import BackendStats, ErrorInfo, Fingerprint
 from protocol.control import (
@@ -64,19 +70,20 @@ class BackendRequestError(Exception):
 class BackendClient:
     def __init__(self, address: str, frontend_id: str, *, ping_interval_s: float = 0.5,
                  backend_timeout_s: float = 1.5, backend_wait_s: float = 1.0, breaker_misses: int = 3,
-                 curve_keys: KeyFile | None = None, curve_server_key: KeyFile | None = None,
-                 refused_retry_s: float = 5.0) -> None:
+                 backend_busy_s: float = 30.0, curve_keys: KeyFile | None = None,
+                 curve_server_key: KeyFile | None = None, refused_retry_s: float = 5.0) -> None:
         self.address = address
         self.frontend_id = frontend_id
         self.ping_interval_s = ping_interval_s
         self.backend_timeout_s = backend_timeout_s
         self.backend_wait_s = backend_wait_s
         self.breaker_misses = breaker_misses
+        self.backend_busy_s = backend_busy_s
         # Both or neither (the settings check it): this frontend's key pair, the backend's public key.
         self.curve_keys = curve_keys
         self.curve_server_key = curve_server_key
         self.refused_retry_s = refused_retry_s
-        self.refusals: RefusalWatch | None = None
+        self.handshakes: HandshakeWatch | None = None
         self.fingerprint: Fingerprint | None = None
         self.stats: BackendStats | None = None
         self.incompatible: str | None = None
@@ -101,6 +108,8 @@ class BackendClient:
         self._last_pong = 0.0
         self._instance_id: str | None = None
         self._misses = 0
+        # Since when a connected backend has left pings unanswered (None: it answers, or is not connected).
+        self._busy_since: float | None = None
         self._alive = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
 
@@ -114,8 +123,9 @@ class BackendClient:
             # The backend answers nothing until its ZAP handler admits our public key.
             set_client_keys(sock, self.curve_keys, self.curve_server_key)
         self._loop = asyncio.get_running_loop()
-        self.refusals = RefusalWatch(sock, self.address, self._loop, retry_s=self.refused_retry_s,
-                                     public_key=self.curve_keys.public_key if self.curve_keys else None)
+        self.handshakes = HandshakeWatch(sock, self.address, self._loop, retry_s=self.refused_retry_s,
+                                         public_key=self.curve_keys.public_key if self.curve_keys else None,
+                                         on_change=self._on_connection)
         sock.connect(self.address)
         self._sock = sock
         self._loop.add_reader(sock, self._drain)
@@ -128,14 +138,19 @@ class BackendClient:
         self._fail_all("frontend shutting down")
         if self._sock is not None:
             self._loop.remove_reader(self._sock)
-            if self.refusals is not None:
-                self.refusals.close()
+            if self.handshakes is not None:
+                self.handshakes.close()
             self._sock.close(linger=0)
         self._ctx.term()
 
     @property
     def is_alive(self) -> bool:
         return self._alive.is_set()
+
+    @property
+    def is_busy(self) -> bool:
+        """Connected, but pings unanswered for now: its streams wait (up to backend_busy_s)."""
+        return self._busy_since is not None
 
     @property
     def is_breaker_open(self) -> bool:
@@ -266,18 +281,40 @@ class BackendClient:
         self._last_pong = time.monotonic()
         if self._misses:
             log.info("backend_reachable", after_misses=self._misses)
+        if self._busy_since is not None:
+            log.info("backend_answering", after_s=round(time.monotonic() - self._busy_since, 2))
+            self._busy_since = None
         self._misses = 0
         if self.fingerprint is not None:
             self._alive.set()
 
     def _on_miss(self) -> None:
+        silent_s = time.monotonic() - self._last_pong
+        if self.is_alive and self._is_connected() and silent_s <= self.backend_busy_s:
+            # Its process lives (libzmq answers the heartbeats) but its Python is held up: streams wait for it.
+            if self._busy_since is None:
+                self._busy_since = self._last_pong
+                log.warning("backend_busy", address=self.address, silent_s=round(silent_s, 2),
+                            streams=len(self._streams), waits_up_to_s=self.backend_busy_s)
+            return
         self._misses += 1
-        if self.is_alive and time.monotonic() - self._last_pong > self.backend_timeout_s:
-            log.warning("backend_unreachable", address=self.address)
+        if self.is_alive and silent_s > self.backend_timeout_s:
+            log.warning("backend_unreachable", address=self.address, silent_s=round(silent_s, 2))
             self._orphans.update(self._streams)  # failed here, maybe still running there
             self._mark_down("backend unreachable")
         if self._misses == self.breaker_misses:
             log.warning("backend_breaker_open", misses=self._misses)
+
+    def _is_connected(self) -> bool:
+        return self.handshakes is not None and self.handshakes.is_connected
+
+    def _on_connection(self, is_connected: bool) -> None:
+        """The HandshakeWatch's callback: a lost connection fails the streams at once, answered pings or not."""
+        if is_connected or not self.is_alive:
+            return
+        log.warning("backend_disconnected", address=self.address, streams=len(self._streams))
+        self._orphans.update(self._streams)  # failed here, maybe still running there
+        self._mark_down("backend disconnected")
 
     async def _send_hello(self) -> None:
         with contextlib.suppress(BackendUnavailable):  # retried on the next pong
@@ -293,6 +330,7 @@ class BackendClient:
         log.info("orphaned_requests_aborted", num=len(rids))
 
     def _mark_down(self, reason: str) -> None:
+        self._busy_since = None
         self._alive.clear()
         self._fail_all(reason)
 

@@ -1,4 +1,9 @@
-"""Watches the DEALER's handshakes: a backend that refuses this frontend is logged, counted and retried.
+"""Watches the DEALER's connection to the backend: whether it is up, and handshakes the backend refused.
+
+Up means a ZMTP handshake succeeded and no disconnect followed. libzmq's own I/O threads keep the connection: they
+answer ZMTP heartbeats without Python, so a backend whose Python threads are stalled (its engine thread holding the
+GIL in a native call for seconds: a kernel's JIT compile) stays connected, while one whose process died, or whose
+network went silent past the heartbeat timeout, is disconnected at once (backend_client.py tells the two apart by it).
 
 libzmq reports a refused handshake (our CURVE key is not authorised, or CURVE is on at one side only) only on a
 socket monitor, and never retries such a connection by itself. Meanwhile nothing answers our pings, so /health
@@ -10,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import structlog
@@ -19,17 +24,21 @@ from zmq.utils.monitor import recv_monitor_message
 
 log = structlog.get_logger(__name__)
 
-_EVENTS = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+_REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+_EVENTS = _REFUSED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 
 
-class RefusalWatch:
-    """Owns the monitor socket of `sock`; create it before `sock` connects, close it before `sock` closes."""
+class HandshakeWatch:
+    """Owns the monitor socket of `sock`; create it before `sock` connects, close it before `sock` closes.
+    `on_change(is_connected)` is called on the event loop when the connection comes up or goes down."""
 
     def __init__(self, sock: zmq.Socket, address: str, loop: asyncio.AbstractEventLoop, *, retry_s: float,
-                 public_key: bytes | None) -> None:
+                 public_key: bytes | None, on_change: Callable[[bool], None] = lambda _: None) -> None:
         self.address = address
         self.retry_s = retry_s
         self.num_refused = 0
+        self.is_connected = False
+        self._on_change = on_change
         self._sock = sock
         self._loop = loop
         # Logged with each refusal so the operator knows which key to authorise (None: no CURVE here).
@@ -52,6 +61,12 @@ class RefusalWatch:
         mon = self._monitor
         while not mon.closed and cast(int, mon.get(zmq.EVENTS)) & zmq.POLLIN:
             event = recv_monitor_message(mon, zmq.NOBLOCK)
+            if event["event"] in (zmq.EVENT_HANDSHAKE_SUCCEEDED, zmq.EVENT_DISCONNECTED):
+                is_connected = event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
+                if is_connected != self.is_connected:
+                    self.is_connected = is_connected
+                    self._on_change(is_connected)
+                continue
             self.num_refused += 1
             if self.num_refused <= 10 or self.num_refused % 100 == 0:
                 log.error("backend_handshake_refused", address=self.address, reason=refusal_reason(event),

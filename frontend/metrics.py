@@ -32,10 +32,10 @@ class BackendCollector:
         up.add_metric([], 1.0 if stats is not None else 0.0)
         yield up
         # This frontend's own view of the link, reported while the backend is down too (that is when it matters).
-        refusals = self._client.refusals
+        handshakes = self._client.handshakes
         for name, doc, value in (
             ("pocserve_frontend_curve_refusals", "This frontend's CURVE handshakes the backend refused.",
-             refusals.num_refused if refusals is not None else 0),
+             handshakes.num_refused if handshakes is not None else 0),
             ("pocserve_backend_malformed_replies", "Backend replies this frontend could not decode.",
              self._client.num_malformed_replies),
         ):

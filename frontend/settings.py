@@ -24,11 +24,15 @@ class FrontendSettings:
     frontend_id: str = setting("POCSERVE_FRONTEND_ID", "", "name in backend logs (default host-pid)")
     ping_interval_s: float = setting("POCSERVE_PING_INTERVAL_S", 0.5, "backend liveness ping period")
     backend_timeout_s: float = setting("POCSERVE_BACKEND_TIMEOUT_S", 1.5,
-                                       "backend counts as down after this long without an answer")
+                                       "a ping's timeout, and the ZMQ heartbeat's: a connection silent this long is "
+                                       "dropped and the backend counts as down")
     backend_wait_s: float = setting("POCSERVE_BACKEND_WAIT_S", 1.0,
                                     "how long a request waits for a down backend before 503")
     breaker_misses: int = setting("POCSERVE_BREAKER_MISSES", 3,
                                   "consecutive missed pings that open the breaker (requests then 503 at once)")
+    backend_busy_s: float = setting("POCSERVE_BACKEND_BUSY_S", 30.0,
+                                    "how long a backend still connected (its process up) may leave pings unanswered "
+                                    "before it counts as hung: until then its streams and new requests wait")
     logprob_token_format: str = setting("POCSERVE_LOGPROB_TOKEN_FORMAT", "ids",
                                         "logprob token strings: ids (the Gonka network's format) or text (OpenAI's)",
                                         choices=("ids", "text"))
@@ -74,4 +78,6 @@ def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] 
         raise SettingsError("--max-connections must be 0 (automatic) or positive")
     if s.breaker_misses < 1:
         raise SettingsError("--breaker-misses must be at least 1")
+    if s.backend_busy_s < 0:
+        raise SettingsError("--backend-busy-s must be 0 (a silent backend is down after --backend-timeout-s) or more")
     return s

@@ -19,6 +19,8 @@ from protocol.version import PROTOCOL_VERSION
 
 PING_INTERVAL_S = 0.05
 BACKEND_TIMEOUT_S = 0.2
+# A backend still connected but not answering counts as hung after this (the client's backend_busy_s).
+BUSY_S = 0.6
 WAIT_S = 5.0
 
 
@@ -95,9 +97,9 @@ async def wait_until(predicate: Callable[[], bool], timeout_s: float = WAIT_S, w
         await asyncio.sleep(0.01)
 
 
-def make_client(address: str) -> BackendClient:
+def make_client(address: str, busy_s: float = BUSY_S) -> BackendClient:
     return BackendClient(address, "fe-test", ping_interval_s=PING_INTERVAL_S, backend_timeout_s=BACKEND_TIMEOUT_S,
-                         backend_wait_s=BACKEND_TIMEOUT_S, breaker_misses=3)
+                         backend_wait_s=BACKEND_TIMEOUT_S, breaker_misses=3, backend_busy_s=busy_s)
 
 
 def request(client: BackendClient) -> GenerateRequest:

@@ -13,7 +13,8 @@ from tests.unit.fake_backend import WAIT_S, FakeBackend, make_client, start_stre
 
 
 async def _lose_backend(client, backend, task: asyncio.Task) -> None:
-    """The backend stops answering (a silent network): the stream in flight fails with 503's exception."""
+    """The backend stops answering with its connection up (hung): past the busy window the stream in flight fails
+    with 503's exception."""
     backend.is_answering = False
     with pytest.raises(BackendUnavailable, match="unreachable"):
         await asyncio.wait_for(task, WAIT_S)
