@@ -132,7 +132,7 @@ free_gpus() {
 # spy LOG SECONDS: once LOG shows bench.rounds' first round, py-spy samples our backend and `vllm serve`, each with
 # its subprocesses, for SECONDS (non-blocking, busy threads only, collapsed stacks by thread) into $out/spy-*.txt.
 spy() {
-  command -v py-spy > /dev/null || { echo "spy: py-spy is not staged (.stage/extra)"; return 0; }
+  command -v py-spy > /dev/null || { echo "spy: py-spy is not staged (scripts/stage_extra.sh, carry .stage/extra)"; return 0; }
   for _ in $(seq 900); do grep -q "^round  1 " "$1" 2>/dev/null && break; sleep 1; done
   local ours vllm
   ours=$(pgrep -f "^pocserve-backend" | head -1 || true)  # its title (common/process.py set_title)
