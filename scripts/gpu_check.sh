@@ -134,11 +134,14 @@ free_gpus() {
 spy() {
   command -v py-spy > /dev/null || { echo "spy: py-spy is not staged (scripts/stage_extra.sh, carry .stage/extra)"; return 0; }
   for _ in $(seq 900); do grep -q "^round  1 " "$1" 2>/dev/null && break; sleep 1; done
-  local ours vllm
+  local ours vllm frontend
   ours=$(pgrep -f "^pocserve-backend" | head -1 || true)  # its title (common/process.py set_title)
+  frontend=$(pgrep -f "python3? -m frontend" | head -1 || true)
   vllm=$(pgrep -f "vllm.entrypoints.openai.api_server" | head -1 || true)
   [ -n "$ours" ] && py-spy record --nonblocking --subprocesses --threads -f raw -d "$2" -p "$ours" \
     -o "$out/spy-ours.txt" > "$out/spy-ours.log" 2>&1 &
+  [ -n "$frontend" ] && py-spy record --nonblocking --threads -f raw -d "$2" -p "$frontend" \
+    -o "$out/spy-ours-frontend.txt" > "$out/spy-ours-frontend.log" 2>&1 &
   [ -n "$vllm" ] && py-spy record --nonblocking --subprocesses --threads -f raw -d "$2" -p "$vllm" \
     -o "$out/spy-vllm.txt" > "$out/spy-vllm.log" 2>&1 &
   wait
