@@ -202,7 +202,7 @@ async def test_curve_refused_frontend_gets_in_once_its_key_is_authorised(keys, t
     await client.start()
     try:
         deadline = time.monotonic() + 10
-        while client.refusals.num_refused < 1:
+        while client.handshakes.num_refused < 1:
             assert time.monotonic() < deadline, "never refused"
             await asyncio.sleep(0.05)
         (clients / "rogue.key").write_bytes(_public_file(keys.rogue_secret).read_bytes())
@@ -222,7 +222,7 @@ async def test_curve_refused_client_logs_and_retries(keys, tmp_path):
     await client.start()
     try:
         deadline = time.monotonic() + 10
-        while client.refusals.num_refused < 3 or gate.num_curve_refusals < 3:
+        while client.handshakes.num_refused < 3 or gate.num_curve_refusals < 3:
             assert time.monotonic() < deadline, "refused handshakes were not retried"
             await asyncio.sleep(0.05)
         assert not client.is_alive and client.fingerprint is None
