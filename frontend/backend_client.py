@@ -3,12 +3,7 @@
 Owns all cross-request state: request id → stream queue, ping id → future, the backend fingerprint and its
 liveness. Created in the app lifespan and stored on app.state; routes only call its methods.
 With CURVE keys the DEALER is a CURVE client; a HandshakeWatch logs and retries a handshake the backend refuses.
-
-Down has two speeds. A lost connection (the HandshakeWatch's disconnect: the backend's process ended, or its network
-went silent past the ZMTP heartbeat timeout) fails the streams at once. Pings unanswered while the connection stays
-up mean the backend's process lives but its Python does not answer: its engine thread can hold the GIL for seconds
-in a native call (a kernel's JIT compile stalled every stream for 1.5 s+ on an H100, docs/decisions.md). Its
-streams and new requests then wait, up to `backend_busy_s`, before the backend counts as hung and down.
+When the backend counts as down, and when only as busy: frontend/liveness.py.
 """
 
 from __future__ import annotations
@@ -28,6 +23,7 @@ import zmq
 from common.curve import KeyFile, set_client_keys
 from common.sockets import make_client_socket
 from frontend.handshakes import HandshakeWatch
+from frontend.liveness import Liveness
 from protocol.codec import frontend_codec
 from protocol.common import BackendStats, ErrorInfo, Fingerprint
 from protocol.control import (
@@ -77,8 +73,7 @@ class BackendClient:
         self.ping_interval_s = ping_interval_s
         self.backend_timeout_s = backend_timeout_s
         self.backend_wait_s = backend_wait_s
-        self.breaker_misses = breaker_misses
-        self.backend_busy_s = backend_busy_s
+        self._liveness = Liveness(address, backend_timeout_s, backend_busy_s, breaker_misses)
         # Both or neither (the settings check it): this frontend's key pair, the backend's public key.
         self.curve_keys = curve_keys
         self.curve_server_key = curve_server_key
@@ -105,11 +100,7 @@ class BackendClient:
         # Requests failed here because the backend became unreachable; they may still run there, so they are
         # aborted once it answers again (or forgotten if it restarted).
         self._orphans: set[str] = set()
-        self._last_pong = 0.0
         self._instance_id: str | None = None
-        self._misses = 0
-        # Since when a connected backend has left pings unanswered (None: it answers, or is not connected).
-        self._busy_since: float | None = None
         self._alive = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
 
@@ -150,11 +141,11 @@ class BackendClient:
     @property
     def is_busy(self) -> bool:
         """Connected, but pings unanswered for now: its streams wait (up to backend_busy_s)."""
-        return self._busy_since is not None
+        return self._liveness.is_busy
 
     @property
     def is_breaker_open(self) -> bool:
-        return self._misses >= self.breaker_misses
+        return self._liveness.is_breaker_open
 
     # --- requests ---
 
@@ -278,32 +269,15 @@ class BackendClient:
             # Answered once the backend's engine is up; until then every pong retries it.
             asyncio.get_running_loop().create_task(self._send_hello())
         self.stats = stats
-        self._last_pong = time.monotonic()
-        if self._misses:
-            log.info("backend_reachable", after_misses=self._misses)
-        if self._busy_since is not None:
-            log.info("backend_answering", after_s=round(time.monotonic() - self._busy_since, 2))
-            self._busy_since = None
-        self._misses = 0
+        self._liveness.on_pong(time.monotonic())
         if self.fingerprint is not None:
             self._alive.set()
 
     def _on_miss(self) -> None:
-        silent_s = time.monotonic() - self._last_pong
-        if self.is_alive and self._is_connected() and silent_s <= self.backend_busy_s:
-            # Its process lives (libzmq answers the heartbeats) but its Python is held up: streams wait for it.
-            if self._busy_since is None:
-                self._busy_since = self._last_pong
-                log.warning("backend_busy", address=self.address, silent_s=round(silent_s, 2),
-                            streams=len(self._streams), waits_up_to_s=self.backend_busy_s)
-            return
-        self._misses += 1
-        if self.is_alive and silent_s > self.backend_timeout_s:
-            log.warning("backend_unreachable", address=self.address, silent_s=round(silent_s, 2))
+        if self._liveness.on_miss(time.monotonic(), is_alive=self.is_alive, is_connected=self._is_connected(),
+                                  num_streams=len(self._streams)):
             self._orphans.update(self._streams)  # failed here, maybe still running there
             self._mark_down("backend unreachable")
-        if self._misses == self.breaker_misses:
-            log.warning("backend_breaker_open", misses=self._misses)
 
     def _is_connected(self) -> bool:
         return self.handshakes is not None and self.handshakes.is_connected
@@ -330,7 +304,7 @@ class BackendClient:
         log.info("orphaned_requests_aborted", num=len(rids))
 
     def _mark_down(self, reason: str) -> None:
-        self._busy_since = None
+        self._liveness.busy_since = None
         self._alive.clear()
         self._fail_all(reason)
 
