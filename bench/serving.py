@@ -20,7 +20,8 @@ decision below, e.g. `--vllm-arg=--compilation-config --vllm-arg='{"custom_ops":
 The load is a closed loop by default: a server that answers sooner holds more requests in decode at once, so its
 TPOT is measured at a larger batch (the "in decode" row: requests past their first token, on average).
 `--request-rate R` sends an open load instead: R requests/s on a seeded Poisson schedule, the same for both systems,
-so their TPOT and TTFT compare at the same offered load (docs/decisions.md, "Chat's TPOT against `vllm serve`").
+so their TPOT and TTFT compare at the same offered load (docs/decisions.md, "Chat against `vllm serve`: TPOT read
+at an open load").
 
 `--rounds N` runs both systems at once in N interleaved pairs of rounds instead of one after the other
 (bench/rounds.py): the mode that can tell a 5-10% difference. The single pass is what `--rounds 0` (the default)
