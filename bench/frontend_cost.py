@@ -25,7 +25,7 @@ class InstantBackend:
 
     is_alive = True
     stats = None
-    refusals = None
+    handshakes = None
     num_malformed_replies = 0
     fingerprint = fingerprint()
 

@@ -133,5 +133,6 @@ def summarize(results: list[Result], duration_s: float) -> dict:
         "req_per_s": len(ok) / duration_s, "output_tok_per_s": sum(r.num_output_tokens for r in ok) / duration_s,
         "ttft_p50_ms": percentile(ttft_ms, 50), "ttft_p99_ms": percentile(ttft_ms, 99),
         "e2e_p50_ms": percentile(e2e_ms, 50), "e2e_p99_ms": percentile(e2e_ms, 99),
-        "tpot_p50_ms": percentile(tpot_ms, 50), "decoding_mean": decoding_mean,
+        "tpot_p50_ms": percentile(tpot_ms, 50),
+        "tpot_mean_ms": sum(tpot_ms) / len(tpot_ms) if tpot_ms else float("nan"), "decoding_mean": decoding_mean,
     }

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from bench.load import percentile, run_load, summarize
 from bench.procs import Proc, free_port, group_cpu_s, machine_busy_s, stop_all, wait_gpus_free, wait_http_ok
+from bench.round_probe import cpu_split, engine_itl, itl_mean_ms, process_cpu, split_line
 
 # Starts a system's processes: (args, model dir, port) -> (processes, the URL that answers 200 once ready).
 Starter = Callable[[argparse.Namespace, Path, int], tuple[list[Proc], str]]
@@ -48,7 +49,8 @@ WarmUp = Callable[[str, str, argparse.Namespace], list[float]]
 # (the prompts' token counts match across rounds). The warm-up's prompts start at 1,000,000 (bench.serving).
 FIRST_INDEX = 10_000_000
 RATIO_KEYS = (("requests/s", "req_per_s"), ("output tok/s", "output_tok_per_s"), ("TPOT p50", "tpot_p50_ms"),
-              ("TTFT p50", "ttft_p50_ms"), ("e2e p50", "e2e_p50_ms"), ("in decode", "decoding_mean"))
+              ("TTFT p50", "ttft_p50_ms"), ("e2e p50", "e2e_p50_ms"), ("in decode", "decoding_mean"),
+              ("TPOT mean", "tpot_mean_ms"), ("engine ITL", "engine_itl_mean_ms"))
 
 
 def round_order(first: str, second: str, pairs: int) -> list[tuple[int, str]]:
@@ -97,21 +99,28 @@ def settle(procs: dict[str, list[Proc]], timeout_s: float, machine_cores: float 
 def one_round(name: str, base_url: str, index: int, args: argparse.Namespace, procs: dict[str, list[Proc]],
               served_name: str) -> dict:
     """The system's `index`-th round of the load, with the CPU used meanwhile by it, by the idle system, by this
-    client and by everything else ("foreign"; 100 % = one core for the whole round)."""
+    client and by everything else ("foreign"; 100 % = one core for the whole round); the system's CPU by process
+    and its engine's own inter-token latency (bench/round_probe.py)."""
     idle = [p.pid for n, ps in procs.items() if n != name for p in ps]
-    before = (machine_busy_s(), group_cpu_s([p.pid for p in procs[name]]), group_cpu_s(idle), _client_cpu_s())
+    mine = [p.pid for p in procs[name]]
+    itl_before = engine_itl(base_url)
+    by_process = process_cpu(mine)
+    before = (machine_busy_s(), group_cpu_s(mine), group_cpu_s(idle), _client_cpu_s())
     results, duration_s = asyncio.run(run_load(base_url, served_name, num_requests=args.num_requests,
                                                concurrency=args.concurrency, max_tokens=args.max_tokens,
                                                first_index=FIRST_INDEX + index * args.num_requests,
                                                min_tokens=args.min_tokens, request_rate=args.request_rate))
-    after = (machine_busy_s(), group_cpu_s([p.pid for p in procs[name]]), group_cpu_s(idle), _client_cpu_s())
+    after = (machine_busy_s(), group_cpu_s(mine), group_cpu_s(idle), _client_cpu_s())
+    split = cpu_split(by_process, process_cpu(mine), duration_s)
     machine, server, idle_s, client = (a - b for a, b in zip(after, before, strict=True))
+    engine_itl_ms = itl_mean_ms(itl_before, engine_itl(base_url))
     for ps in procs.values():
         for p in ps:
             p.check_running()
     return {**summarize(results, duration_s), "system": name, "servers_cpu_pct": 100 * server / duration_s,
             "idle_cpu_pct": 100 * idle_s / duration_s, "client_cpu_pct": 100 * client / duration_s,
-            "foreign_cpu_pct": 100 * (machine - server - idle_s - client) / duration_s}
+            "foreign_cpu_pct": 100 * (machine - server - idle_s - client) / duration_s,
+            "cpu_by_process": split, "engine_itl_mean_ms": engine_itl_ms}
 
 
 def _client_cpu_s() -> float:
@@ -242,9 +251,11 @@ def summarize_pairs(rounds: list[dict]) -> dict:
     pairs = pair_ratios(rounds)
     if not pairs:
         return {}
-    ratios = {key: spread([p[key] for p in pairs]) for _, key in RATIO_KEYS}
-    intervals = {key: interval([p[key] for p in pairs]) for _, key in RATIO_KEYS}
-    median_intervals = {key: median_interval([p[key] for p in pairs]) for _, key in RATIO_KEYS}
+    # A figure a system could not give (engine ITL where /metrics lacks vLLM's histogram) is NaN: left out.
+    values = {key: [p[key] for p in pairs if math.isfinite(p[key])] for _, key in RATIO_KEYS}
+    ratios = {key: spread(v) for key, v in values.items() if v}
+    intervals = {key: interval(v) for key, v in values.items()}
+    median_intervals = {key: median_interval(v) for key, v in values.items()}
     by_first = {}
     for first in ("ours", "vllm"):
         chosen = [p["req_per_s"] for p in pairs if p["first"] == first]
@@ -273,10 +284,12 @@ def by_previous(rounds: list[dict]) -> dict[str, dict[str, float]]:
 def round_line(number: int, r: dict) -> str:
     return (f"round {number:2d} (pair {r['pair'] + 1}) {r['system']:>4}: {r['num_ok']}/{r['num_requests']} ok, "
             f"{r['req_per_s']:.2f} req/s, {r['output_tok_per_s']:.1f} tok/s, TTFT p50 {r['ttft_p50_ms']:.1f} ms, "
-            f"TPOT p50 {r['tpot_p50_ms']:.2f} ms at {r['decoding_mean']:.1f} in decode; CPU % servers "
+            f"TPOT p50 {r['tpot_p50_ms']:.2f} ms (mean {r['tpot_mean_ms']:.2f}, engine ITL mean "
+            f"{r['engine_itl_mean_ms']:.2f}) at {r['decoding_mean']:.1f} in decode; CPU % servers "
             f"{r['servers_cpu_pct']:.0f}, idle system {r['idle_cpu_pct']:.0f}, client {r['client_cpu_pct']:.0f}, "
             f"foreign {r['foreign_cpu_pct']:.0f}; "
-            f"{'settled' if r['settled'] else 'NOT settled'} after {r['settle_s']:.1f} s")
+            f"{'settled' if r['settled'] else 'NOT settled'} after {r['settle_s']:.1f} s"
+            + (f"\n    CPU by process: {split_line(r['cpu_by_process'])}" if r.get("cpu_by_process") else ""))
 
 
 def print_summary(summary: dict) -> None:
@@ -290,7 +303,8 @@ def print_summary(summary: dict) -> None:
               + "".join(f"{p[key]:>14.3f}" for _, key in RATIO_KEYS) + f"{p['foreign_cpu_pct_max']:>15.0f}")
     print(f"\nours/vllm over {len(pairs)} pairs: median [min–max] (IQR)")
     for label, key in RATIO_KEYS:
-        s = summary["ratios"][key]
+        if (s := summary["ratios"].get(key)) is None:
+            continue
         width = 100 * (s["max"] - s["min"]) / s["median"]
         print(f"  {label:13} {s['median']:.3f} [{s['min']:.3f}–{s['max']:.3f}] (IQR {s['q1']:.3f}–{s['q3']:.3f}); "
               f"min–max {width:.1f}% of the median")

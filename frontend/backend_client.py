@@ -147,6 +147,11 @@ class BackendClient:
     def is_breaker_open(self) -> bool:
         return self._liveness.is_breaker_open
 
+    @property
+    def liveness(self) -> Liveness:
+        """The verdict's state, read by /metrics (busy spells)."""
+        return self._liveness
+
     # --- requests ---
 
     def new_rid(self) -> str:
@@ -304,7 +309,7 @@ class BackendClient:
         log.info("orphaned_requests_aborted", num=len(rids))
 
     def _mark_down(self, reason: str) -> None:
-        self._liveness.busy_since = None
+        self._liveness.end_busy(time.monotonic())
         self._alive.clear()
         self._fail_all(reason)
 

@@ -26,6 +26,9 @@ class Liveness:
     misses: int = 0
     # Since when a connected backend has left pings unanswered (None: it answers, or is not connected).
     busy_since: float | None = None
+    # Busy spells so far, and the seconds of those that ended (exported on /metrics: frontend/metrics.py).
+    num_busy: int = 0
+    busy_s_ended: float = 0.0
 
     @property
     def is_busy(self) -> bool:
@@ -35,13 +38,23 @@ class Liveness:
     def is_breaker_open(self) -> bool:
         return self.misses >= self.breaker_misses
 
+    def busy_seconds(self, now: float) -> float:
+        """Seconds spent busy so far, the current spell included."""
+        return self.busy_s_ended + (now - self.busy_since if self.busy_since is not None else 0.0)
+
+    def end_busy(self, now: float) -> None:
+        """The spell ends: the backend answered, or it is down."""
+        if self.busy_since is not None:
+            self.busy_s_ended += now - self.busy_since
+            self.busy_since = None
+
     def on_pong(self, now: float) -> None:
         self.last_pong = now
         if self.misses:
             log.info("backend_reachable", after_misses=self.misses)
         if self.busy_since is not None:
             log.info("backend_answering", after_s=round(now - self.busy_since, 2))
-            self.busy_since = None
+            self.end_busy(now)
         self.misses = 0
 
     def on_miss(self, now: float, *, is_alive: bool, is_connected: bool, num_streams: int) -> bool:
@@ -51,6 +64,7 @@ class Liveness:
             # Its process lives (libzmq answers the heartbeats) but its Python is held up: streams wait for it.
             if self.busy_since is None:
                 self.busy_since = self.last_pong
+                self.num_busy += 1
                 log.warning("backend_busy", address=self.address, silent_s=round(silent_s, 2),
                             streams=num_streams, waits_up_to_s=self.busy_s)
             return False

@@ -12,6 +12,8 @@ The vllm:* series carry vLLM's labels (model_name, engine) and documentation, as
 
 from __future__ import annotations
 
+from time import monotonic
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
@@ -28,9 +30,25 @@ class BackendCollector:
 
     def collect(self):
         stats: BackendStats | None = self._client.stats if self._client.is_alive else None
-        up = GaugeMetricFamily("pocserve_backend_up", "1 while the backend answers pings")
+        up = GaugeMetricFamily("pocserve_backend_up", "1 while the backend counts as up: it answers pings, or it "
+                               "is connected and busy (pocserve_backend_busy)")
         up.add_metric([], 1.0 if stats is not None else 0.0)
         yield up
+        # A busy backend (frontend/liveness.py) holds its streams for up to --backend-busy-s: worth an alert of its
+        # own, apart from down.
+        liveness = self._client.liveness
+        busy = GaugeMetricFamily("pocserve_backend_busy", "1 while the backend is connected but leaves pings "
+                                 "unanswered; its streams and new requests wait, up to --backend-busy-s")
+        busy.add_metric([], float(liveness.is_busy))
+        yield busy
+        for name, doc, value in (
+            ("pocserve_backend_busy_spells", "Times the backend turned busy (connected, pings unanswered).",
+             liveness.num_busy),
+            ("pocserve_backend_busy_seconds", "Seconds the backend spent busy.", liveness.busy_seconds(monotonic())),
+        ):
+            c = CounterMetricFamily(name, doc)
+            c.add_metric([], float(value))
+            yield c
         # This frontend's own view of the link, reported while the backend is down too (that is when it matters).
         handshakes = self._client.handshakes
         for name, doc, value in (

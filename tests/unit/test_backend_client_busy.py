@@ -8,8 +8,11 @@ import asyncio
 import time
 
 import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from frontend.backend_client import BackendUnavailable
+from frontend.metrics import FrontendMetrics
 from protocol.generate import DeltasEvent, GenerateRequest
 from tests.unit.fake_backend import (
     BACKEND_TIMEOUT_S,
@@ -27,6 +30,12 @@ from tests.unit.fake_backend import (
 LONG_BUSY_S = 60.0
 
 
+def _scrape(metrics: FrontendMetrics) -> dict[str, float]:
+    text = generate_latest(metrics.registry).decode()
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name.startswith("pocserve_backend_")}
+
+
 @pytest.fixture
 async def patient_client(address, backend):
     c = make_client(address, busy_s=LONG_BUSY_S)
@@ -38,9 +47,15 @@ async def patient_client(address, backend):
 
 async def test_a_connected_backend_that_stops_answering_keeps_its_streams(patient_client, backend):
     client = patient_client
+    metrics = FrontendMetrics(client)
     req, task = await start_stream(client, backend)
+    assert _scrape(metrics)["pocserve_backend_busy"] == 0
     backend.is_answering = False
     await wait_until(lambda: client.is_busy, what="busy")
+    # Busy, not down: an alert can tell the two apart.
+    scraped = _scrape(metrics)
+    assert scraped["pocserve_backend_up"] == 1 and scraped["pocserve_backend_busy"] == 1
+    assert scraped["pocserve_backend_busy_spells_total"] == 1
     silent_from = time.monotonic()
     # Several ping timeouts pass: before this change each was a miss, and the first one failed the stream.
     await wait_until(lambda: time.monotonic() - silent_from > 3 * BACKEND_TIMEOUT_S, what="pings missed")
@@ -52,6 +67,9 @@ async def test_a_connected_backend_that_stops_answering_keeps_its_streams(patien
 
     backend.is_answering = True
     await wait_until(lambda: not client.is_busy, what="answering again")
+    scraped = _scrape(metrics)
+    assert scraped["pocserve_backend_busy"] == 0 and scraped["pocserve_backend_busy_spells_total"] == 1
+    assert scraped["pocserve_backend_busy_seconds_total"] > 3 * BACKEND_TIMEOUT_S  # the silence waited above
     await backend.send(DeltasEvent(deltas=[delta(req.rid, "late", "stop"), delta(second.rid, "too", "stop")]))
     assert [d.text for d in await asyncio.wait_for(task, WAIT_S)] == ["late"]
     assert [d.text for d in await asyncio.wait_for(second_task, WAIT_S)] == ["too"]

@@ -21,7 +21,7 @@ def test_each_system_runs_first_in_every_other_pair() -> None:
 def _round(system: str, pair: int, req_per_s: float, tpot_ms: float) -> dict:
     return {"system": system, "pair": pair, "foreign_cpu_pct": 1.0, "req_per_s": req_per_s,
             "output_tok_per_s": 64 * req_per_s, "tpot_p50_ms": tpot_ms, "ttft_p50_ms": 100.0, "e2e_p50_ms": 500.0,
-            "decoding_mean": 32.0}
+            "decoding_mean": 32.0, "tpot_mean_ms": tpot_ms, "engine_itl_mean_ms": 0.8 * tpot_ms}
 
 
 def test_pairs_give_ratios_ours_over_vllm_with_who_ran_first() -> None:
@@ -126,3 +126,13 @@ def test_vllm_flags_merge_one_compilation_config() -> None:
         vllm_extra_flags(["--compilation-config", "{custom_ops"], fusion_on=True)
     with pytest.raises(SystemExit, match="spell it"):
         vllm_extra_flags(["-O3"], fusion_on=True)
+
+
+def test_a_figure_one_system_lacks_is_left_out_of_the_summary() -> None:
+    rounds = [_round("ours", 0, 9.0, 4.0), _round("vllm", 0, 10.0, 5.0),
+              _round("vllm", 1, 10.0, 4.0), _round("ours", 1, 11.0, 4.0)]
+    rounds[1]["engine_itl_mean_ms"] = float("nan")  # that server's /metrics had no histogram that round
+    summary = summarize_pairs(rounds)
+    assert summary["ratios"]["engine_itl_mean_ms"]["median"] == pytest.approx(1.0)  # pair 1's only
+    assert summary["intervals"]["engine_itl_mean_ms"] is None  # one pair: no interval
+    assert summary["ratios"]["tpot_mean_ms"]["min"] == pytest.approx(0.8)

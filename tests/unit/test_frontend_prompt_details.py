@@ -81,7 +81,7 @@ class Backend:
 
     is_alive = True
     stats = None
-    refusals = None
+    handshakes = None
     num_malformed_replies = 0
     fingerprint = FP
 

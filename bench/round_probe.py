@@ -1,0 +1,108 @@
+"""What a system's servers did during one round, beside the client's figures (bench/rounds.py).
+
+- **CPU by process**: each process of the system's groups, its share of a core over the round and that of its
+  busiest thread. A Python process whose busiest thread nears 100% is bound by one GIL: it paces what passes
+  through it, whatever the GPU could do.
+- **The engine's own inter-token latency**: vLLM's `vllm:inter_token_latency_seconds` histogram, which both
+  systems export on /metrics (ours from its processor process). vLLM times it by `EngineCoreOutputs.timestamp`,
+  stamped in the engine process when a step's outputs are made, so its mean over the round is the engine's step
+  cadence as each request saw it, before any detokenizing, HTTP or client. The client's TPOT minus it is the
+  delivery's share.
+"""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+
+from bench.prom import totals
+
+ITL = "vllm:inter_token_latency_seconds"
+
+
+def _read_stat(path: str) -> tuple[int, int] | None:
+    """(process group, CPU ticks) of one /proc stat file; None once the task is gone."""
+    try:
+        with open(path) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[2]), int(fields[11]) + int(fields[12])  # pgrp; utime + stime
+
+
+def _label(pid: str) -> str:
+    """A process's title (setproctitle's, e.g. VLLM::EngineCore) or `python -m` module, else its program."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return "?"
+    if not argv:
+        return "?"
+    if "-m" in argv[:3] and argv.index("-m") + 1 < len(argv):
+        return argv[argv.index("-m") + 1]
+    return os.path.basename(argv[0].split()[0])
+
+
+def process_cpu(pgids: list[int]) -> dict[int, dict]:
+    """pid → its label, CPU seconds so far and each thread's, for the live members of these process groups
+    (Linux /proc; empty elsewhere)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    wanted, out = set(pgids), {}
+    try:
+        pids = [d for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return {}
+    for pid in pids:
+        stat = _read_stat(f"/proc/{pid}/stat")
+        if stat is None or stat[0] not in wanted:
+            continue
+        threads = {}
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            if (t := _read_stat(f"/proc/{pid}/task/{tid}/stat")) is not None:
+                threads[int(tid)] = t[1] / tick
+        out[int(pid)] = {"label": _label(pid), "cpu_s": stat[1] / tick, "threads": threads}
+    return out
+
+
+def cpu_split(before: dict[int, dict], after: dict[int, dict], duration_s: float) -> list[dict]:
+    """Per process alive at both ends: CPU % and its busiest thread's % over the round (100 = one core), busiest
+    process first."""
+    out = []
+    for pid, a in after.items():
+        if (b := before.get(pid)) is None:
+            continue
+        top = max((s - b["threads"].get(tid, 0.0) for tid, s in a["threads"].items()), default=0.0)
+        out.append({"pid": pid, "label": a["label"], "cpu_pct": 100 * (a["cpu_s"] - b["cpu_s"]) / duration_s,
+                    "top_thread_pct": 100 * top / duration_s})
+    return sorted(out, key=lambda p: -p["cpu_pct"])
+
+
+def engine_itl(base_url: str) -> tuple[float, float] | None:
+    """(sum, count) of the server's inter-token latency histogram so far; None where /metrics lacks it."""
+    try:
+        text = httpx.get(f"{base_url}/metrics", timeout=30).text
+    except httpx.HTTPError:
+        return None
+    found = totals(text)
+    if f"{ITL}_count" not in found:
+        return None
+    return found[f"{ITL}_sum"], found[f"{ITL}_count"]
+
+
+def itl_mean_ms(before: tuple[float, float] | None, after: tuple[float, float] | None) -> float:
+    """The round's mean engine inter-token latency in ms (NaN where either scrape failed or no token came)."""
+    if before is None or after is None or after[1] <= before[1]:
+        return float("nan")
+    return 1000 * (after[0] - before[0]) / (after[1] - before[1])
+
+
+def split_line(split: list[dict], limit: int = 5) -> str:
+    """'label cpu% (top thread%)' for the busiest processes."""
+    return ", ".join(f"{p['label']} {p['cpu_pct']:.0f}% (top thread {p['top_thread_pct']:.0f}%)"
+                     for p in split[:limit] if p["cpu_pct"] >= 1)
