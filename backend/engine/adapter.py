@@ -59,6 +59,10 @@ class Engine:
         try:
             if settings.engine.pipeline_parallel_size > 1:
                 self.core.collective_rpc("prepare_pipeline_stage")
+            if settings.chat_ops != "custom":
+                wrapped = self.core.collective_rpc("chat_ops_wrapped")
+                (log.info if min(wrapped) > 0 else log.warning)("chat_ops", chat_ops=settings.chat_ops,
+                                                                 ops_traced_native=wrapped)
             if settings.enforced_sampling:
                 self.core.collective_rpc("install_enforced_sampling")
                 tolerant_grammars.install(self.core.structured_output_manager)

@@ -59,6 +59,21 @@ def compilation_config(config: CompilationConfig, fusion_setting: str,
     return config
 
 
+# The key under vLLM's `additional_config` that carries --chat-ops to every process building the model
+# (backend/engine/chat_ops.py reads it there).
+CHAT_OPS_KEY = "pocserve_chat_ops"
+
+
+def additional_config(given: Any, chat_ops: str) -> Any:
+    """vLLM's additional_config as given, plus --chat-ops where it is not the default (the default leaves the
+    config, and so vLLM's compile-cache key, as it was)."""
+    if chat_ops == "custom":
+        return given
+    if given is not None and not isinstance(given, dict):
+        raise ValueError("--chat-ops inductor needs --additional-config to be a JSON object")
+    return {**(given or {}), CHAT_OPS_KEY: chat_ops}
+
+
 class HoldsEngineArgs(Protocol):
     """What engine_args reads of the backend's settings (BackendSettings, backend/startup/settings.py). A protocol,
     not that class: the settings build their vLLM arguments with this module's configs (through

@@ -73,6 +73,8 @@ PRIVATE_SYMBOLS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("vllm.v1.metrics.stats", "PromptTokenStats", ("computed",)),
     ("vllm.v1.worker.workspace", "WorkspaceManager", ("_device", "_num_ubatches")),
     ("vllm.v1.worker.workspace", "_manager", ()),
+    ("vllm.model_executor.custom_op", "CustomOp", ("dispatch_forward", "forward_native")),
+    ("vllm.config.vllm", "get_current_vllm_config_or_none", ()),
 )
 
 
@@ -152,6 +154,19 @@ def kernel_block_size(model_runner, group_id: int) -> int:
         raise RuntimeError(f"{type(model_runner).__name__} exposes no kernel block sizes (unsupported vLLM version)")
     return int(sizes[group_id])
 
+
+def custom_op_class():
+    """vLLM's CustomOp: backend/engine/chat_ops.py wraps its dispatch."""
+    from vllm.model_executor.custom_op import CustomOp
+
+    return CustomOp
+
+
+def current_vllm_config():
+    """The config a model is being built under, or None outside vLLM's `set_current_vllm_config`."""
+    from vllm.config.vllm import get_current_vllm_config_or_none
+
+    return get_current_vllm_config_or_none()
 
 
 @contextmanager

@@ -55,6 +55,11 @@ class BackendSettings:
                                     "default, off, or auto = off where NVLink multicast is switched off "
                                     "(NCCL_NVLS_ENABLE=0 or TORCH_SYMM_MEM_DISABLE_MULTICAST=1), where vLLM 0.26's "
                                     "fused kernel crashes the engine at start", choices=("auto", "on", "off"))
+    chat_ops: str = setting("POCSERVE_CHAT_OPS", "custom",
+                            "what chat's compiled graph is traced from: custom = vLLM's custom kernels, the set the "
+                            "PoC forward runs; inductor = their PyTorch forms, fused by Inductor as in `vllm serve`, "
+                            "while every eager forward (PoC included) keeps the custom kernels: the same PoC bytes "
+                            "(backend/engine/chat_ops.py)", choices=("custom", "inductor"))
     enforced_sampling: bool = setting("POCSERVE_ENFORCED_SAMPLING", True,
                                       "install the validator replay hooks (enforced tokens, per-request logprobs "
                                       "mode)")

@@ -57,6 +57,8 @@ OVERRIDES: tuple[tuple[str, str, str], ...] = (
      "hooks live in it (the ML node names the fork's)"),
     ("--compilation-config, -O", "as given, plus `custom_ops: [all]`, and the fused all-reduce + RMSNorm off "
      "where `--allreduce-fusion` says", "the fork runs vLLM's custom ops; PoC numerics follow them"),
+    ("--additional-config", "as given, plus `pocserve_chat_ops` under `--chat-ops inductor`", "carries the "
+     "choice to every process that builds the model, and into vLLM's compile-cache key"),
     ("--structured-outputs-config", "as given; `--no-json-whitespace` adds `disable_any_whitespace`",
      "compact JSON, pocserve's setting"),
     ("--data-parallel-size", "refused above 1", "one engine per backend; run one instance per GPU group, as the "
@@ -171,7 +173,7 @@ def vllm_args(values: Mapping[str, Any], given: frozenset[str], settings: Any, o
     `settings` is the backend's own settings (the knobs the overrides read)."""
     from vllm.engine.arg_utils import EngineArgs
 
-    from backend.engine.args import compilation_config, structured_outputs_config
+    from backend.engine.args import additional_config, compilation_config, structured_outputs_config
 
     _refuse_unsupported(values, on_cpu)
     notes: list[tuple[str, str]] = []
@@ -194,6 +196,10 @@ def vllm_args(values: Mapping[str, Any], given: frozenset[str], settings: Any, o
         changes["max_model_len"] = -1  # vLLM's auto-fit: the model's whole context, or what the KV cache holds
     changes["compilation_config"] = compilation_config(engine.compilation_config, settings.allreduce_fusion,
                                                        environ)
+    try:
+        changes["additional_config"] = additional_config(engine.additional_config, settings.chat_ops)
+    except ValueError as e:
+        raise SettingsError(str(e)) from e
     changes["structured_outputs_config"] = structured_outputs_config(engine.structured_outputs_config,
                                                                      settings.json_whitespace)
     served = tuple(values.get("served_model_name") or [as_given])

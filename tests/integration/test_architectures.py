@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import httpx
 import openai
@@ -116,13 +117,22 @@ def test_a_validation_job_passes_its_artifacts_and_catches_forged_ones(arch, ser
 
 
 def test_artifacts_are_the_same_bytes_after_a_restart_parking_forwards_between_layers(arch, served):
+    """The restart also traces chat's graph from the ops' PyTorch forms (--chat-ops inductor): PoC's eager forward
+    keeps the custom kernels, so its bytes must not move, and chat still answers."""
     shape, server = arch
     first = alone(server.pow)
-    server.restart_backend(*ENGINE, "--scheduling-mode", "exclusive")
+    server.restart_backend(*ENGINE, "--scheduling-mode", "exclusive", "--chat-ops", "inductor")
     wait_until(lambda: httpx.get(f"{server.base_url}/health", timeout=2).status_code != 200, timeout_s=10,
                what="backend seen down")
     wait_healthy(server.base_url, server.frontend, server.backend)
+    # Each rank reports the custom ops it traces native: some, or the setting did not reach the model's build.
+    started = re.search(r"chat_ops .*ops_traced_native=\[(\d+)", server.backend.log_path.read_text(errors="replace"))
+    assert started is not None and int(started.group(1)) > 0, server.backend.tail()
     assert alone(server.pow) == first
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count to ten."}],
+                                           max_tokens=8, temperature=0.0, extra_body={"ignore_eos": True})
+    assert reply.usage.completion_tokens == 8
     if shape in BATCH_VARIANT:
         assert max(l2(first[n], served[n]) for n in ALONE) < BOUNDS[shape]
     else:
