@@ -33,10 +33,10 @@ from protocol.generate import (
 def _spec(body, max_tokens: int | None, logprobs: int | None) -> SamplingSpec:
     return SamplingSpec(
         n=body.n, max_tokens=max_tokens, min_tokens=body.min_tokens,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0,
-        min_p=body.min_p or 0.0, presence_penalty=body.presence_penalty,
-        frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty,
+        # Left out stays None: the backend applies the model's defaults (common/sampling_defaults.py).
+        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
+        presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+        repetition_penalty=body.repetition_penalty,
         seed=body.seed, stop=list(body.stop or []), stop_token_ids=list(body.stop_token_ids),
         ignore_eos=body.ignore_eos, include_stop_str_in_output=body.include_stop_str_in_output,
         skip_special_tokens=body.skip_special_tokens, logprobs=logprobs, logprobs_mode=body.logprobs_mode,

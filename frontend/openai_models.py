@@ -136,7 +136,7 @@ class _Sampling(_Strict):
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     # Bounded above only by finiteness: JSON bodies may carry Infinity, which vLLM refuses.
-    repetition_penalty: float = Field(1.0, gt=0.0, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(None, gt=0.0, allow_inf_nan=False)
     seed: Int64 | None = None
     stop: Stop = None
     stop_token_ids: list[TokenId] = []

@@ -68,10 +68,11 @@ def generate_request(rid: str, body: ResponsesRequest) -> GenerateRequest:
     check(body)
     spec = SamplingSpec(
         n=1, max_tokens=body.max_output_tokens,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0,
+        # Left out stays None: the model's defaults apply (common/sampling_defaults.py); vLLM's Responses API
+        # takes no min_p, so the model's is not applied here either.
+        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=0.0,
         presence_penalty=body.presence_penalty or 0.0, frequency_penalty=body.frequency_penalty or 0.0,
-        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        repetition_penalty=body.repetition_penalty,
         seed=body.seed, stop=list(body.stop or []), ignore_eos=body.ignore_eos,
         include_stop_str_in_output=body.include_stop_str_in_output, skip_special_tokens=body.skip_special_tokens,
         logprobs=(body.top_logprobs or 0) if body.is_logprobs() else None,

@@ -14,6 +14,7 @@ import time
 import uuid
 from typing import Any
 
+from common.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 from frontend.convert import TokenFormat
 from frontend.responses_convert import tool_choice
 from frontend.responses_models import ResponsesRequest
@@ -80,8 +81,11 @@ def usage(d: Delta) -> dict:
 class ResponseShape:
     """One response's envelope: what the request asked for, echoed as vLLM echoes its sampling parameters."""
 
-    def __init__(self, body: ResponsesRequest, *, model: str, max_model_len: int, fmt: TokenFormat) -> None:
+    def __init__(self, body: ResponsesRequest, *, model: str, max_model_len: int, fmt: TokenFormat,
+                 defaults: SamplingDefaults = NO_DEFAULTS) -> None:
         self.body = body
+        # The model's sampling defaults (the backend's Fingerprint): vLLM echoes the values it sampled with.
+        self.defaults = defaults
         self.id = body.request_id or new_id("resp")
         self.created_at = int(time.time())
         self.model = model
@@ -97,11 +101,12 @@ class ResponseShape:
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": b.instructions, "metadata": b.metadata, "model": self.model, "object": "response",
             "output": output, "parallel_tool_calls": b.parallel_tool_calls is not False,
-            "temperature": 1.0 if b.temperature is None else b.temperature,
+            "temperature": self.defaults.value("temperature", b.temperature),
             "tool_choice": _dump(tool_choice(b)), "tools": [t.model_dump() for t in b.tools],
-            "top_p": 1.0 if b.top_p is None else b.top_p, "background": bool(b.background),
-            # The effective max_tokens (vLLM's sampling_params.max_tokens): the request's, or the context's room.
-            "max_output_tokens": min(b.max_output_tokens, room) if b.max_output_tokens is not None else room,
+            "top_p": self.defaults.value("top_p", b.top_p), "background": bool(b.background),
+            # The effective max_tokens (vLLM's sampling_params.max_tokens): the request's or the model's default,
+            # within the context's room and the model's cap.
+            "max_output_tokens": self.defaults.max_tokens_for(b.max_output_tokens, room),
             "max_tool_calls": b.max_tool_calls, "previous_response_id": b.previous_response_id, "prompt": None,
             "reasoning": _dump(b.reasoning), "service_tier": b.service_tier, "status": status, "text": text,
             "top_logprobs": (b.top_logprobs or 0) if b.is_logprobs() else None,

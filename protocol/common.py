@@ -37,6 +37,13 @@ class Fingerprint(msgspec.Struct, kw_only=True):
     # The model's vocabulary size: token ids go up to one below it (the frontend's /openapi.json states it on
     # /detokenize). 0: not sent (an older backend).
     vocab_size: int = 0
+    # The model's default sampling values, applied where a request leaves a field out: vLLM's
+    # `get_diff_sampling_param` (temperature, top_p, top_k, min_p, repetition_penalty, max_tokens), from the model's
+    # generation_config and --override-generation-config; empty with --generation-config vllm.
+    sampling_defaults: dict[str, float] = {}
+    # What caps every request's max_tokens, as vLLM's `override_max_tokens`: the max_new_tokens of a
+    # `--generation-config DIR` or of --override-generation-config; 0: none.
+    max_tokens_cap: int = 0
 
 
 class ProcessorStats(msgspec.Struct, tag="p.stats", kw_only=True):

@@ -62,14 +62,16 @@ class SamplingSpec(msgspec.Struct, kw_only=True):
     # None: up to max_model_len - prompt_len.
     max_tokens: int | None = None
     min_tokens: int = 0
-    temperature: float = 1.0
-    top_p: float = 1.0
+    # These five: None where the request leaves them out, and the backend applies the model's defaults
+    # (its generation_config, as `vllm serve` does; common/sampling_defaults.py), else vLLM's neutral values.
+    temperature: float | None = None
+    top_p: float | None = None
     # 0 or -1: disabled.
-    top_k: int = 0
-    min_p: float = 0.0
+    top_k: int | None = None
+    min_p: float | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
+    repetition_penalty: float | None = None
     seed: int | None = None
     stop: list[str] = []
     stop_token_ids: list[int] = []

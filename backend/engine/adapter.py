@@ -27,6 +27,7 @@ from backend.engine.poc import PocRunner  # noqa: E402
 from backend.startup.settings import BackendSettings  # noqa: E402
 from common.config import SettingsError  # noqa: E402
 from common.logs import process_uptime_s  # noqa: E402
+from common.sampling_defaults import SamplingDefaults  # noqa: E402
 from protocol.common import Fingerprint  # noqa: E402
 from protocol.version import PROTOCOL_VERSION  # noqa: E402
 from sampling import grammar as tolerant_grammars  # noqa: E402
@@ -146,6 +147,7 @@ class Engine:
 
     def fingerprint(self) -> Fingerprint:
         cfg = self.vllm_config
+        sampling_defaults, max_tokens_cap = SamplingDefaults.from_model_config(cfg.model_config).wire()
         return Fingerprint(
             protocol_version=PROTOCOL_VERSION, served_model_name=self.settings.vllm.served_names[0],
             model_path=str(self.settings.model), model_aliases=list(self.settings.vllm.served_names[1:]),
@@ -155,6 +157,7 @@ class Engine:
             poc_code_version=POC_CODE_VERSION, python_hash_seed=compat.ENGINE_ENV_DEFAULTS["PYTHONHASHSEED"],
             prefix_caching_hash_algo=str(cfg.cache_config.prefix_caching_hash_algo),
             scheduling_mode=self.settings.scheduling_mode, vocab_size=int(cfg.model_config.get_vocab_size()),
+            sampling_defaults=sampling_defaults, max_tokens_cap=max_tokens_cap,
         )
 
     def add(self, request: EngineCoreRequest) -> None:

@@ -20,6 +20,7 @@ from backend.processor.prepare import Preparer
 from backend.processor.present import Presenter
 from backend.processor.tokenization import Tokenization
 from backend.startup.settings import BackendSettings
+from common.sampling_defaults import SamplingDefaults
 from protocol.processor import ProcessorReady
 
 
@@ -40,8 +41,9 @@ def build(settings: BackendSettings, phases_s: dict[str, float | None] | None = 
     parsers = ChatParsers(settings.vllm.tool_call_parser, settings.engine.reasoning_parser or "",
                           settings.vllm.enable_auto_tool_choice,
                           tokenizer, config.model_config)
+    defaults = SamplingDefaults.from_model_config(config.model_config)
     preparer = Preparer(settings, InputProcessor(config, renderer), vocab, max_model_len, parsers,
-                        int(config.scheduler_config.max_num_seqs))
+                        int(config.scheduler_config.max_num_seqs), defaults)
     outputs = OutputProcessor(tokenizer, log_stats=True, stream_interval=config.scheduler_config.stream_interval)
     if phases_s is not None:
         phases_s.update(config=round(configured - started, 2), tokenizer=round(tokenized - configured, 2),

@@ -10,6 +10,7 @@ from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from backend.engine import compat
 from backend.errors import RequestError
 from backend.processor import chat_template
+from common.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 from protocol.generate import GenerateRequest, SamplingSpec
 from sampling.enforced import ENFORCED_KEY, MODE_KEY
 from sampling.enforced_input import (
@@ -56,8 +57,10 @@ def render_prompt(vocab: Vocab, req: GenerateRequest, tools: list[dict] | None =
     return list(tokenizer.encode(req.prompt, add_special_tokens=True))
 
 
-def check_lengths(num_prompt_tokens: int, spec: SamplingSpec, max_model_len: int, prompt_param: str) -> int:
-    """Returns the effective max_tokens; raises a 400 naming the field at fault."""
+def check_lengths(num_prompt_tokens: int, spec: SamplingSpec, max_model_len: int, prompt_param: str,
+                  defaults: SamplingDefaults = NO_DEFAULTS) -> int:
+    """Returns the effective max_tokens (the request's or the model's default, within the room and the model's
+    cap, as vLLM's get_max_tokens); raises a 400 naming the field at fault."""
     if num_prompt_tokens == 0:
         raise RequestError("the prompt is empty", param=prompt_param)
     if num_prompt_tokens >= max_model_len:
@@ -66,14 +69,14 @@ def check_lengths(num_prompt_tokens: int, spec: SamplingSpec, max_model_len: int
             f"{num_prompt_tokens} input tokens.", param=prompt_param)
     room = max_model_len - num_prompt_tokens
     if spec.max_tokens is None:
-        return room
+        return defaults.max_tokens_for(None, room)
     if spec.max_tokens < 1:
         raise RequestError("max_tokens must be at least 1", param="max_tokens")
     if spec.max_tokens > room:
         raise RequestError(
             f"max_tokens={spec.max_tokens} is too large: the prompt has {num_prompt_tokens} tokens and "
             f"the maximum context length is {max_model_len}", param="max_tokens")
-    return spec.max_tokens
+    return defaults.max_tokens_for(spec.max_tokens, room)
 
 
 def _structured(spec: SamplingSpec) -> StructuredOutputsParams | None:
@@ -149,9 +152,10 @@ def extra_args(spec: SamplingSpec, vocab: Vocab, default_mode: str) -> dict | No
 
 def sampling_params(spec: SamplingSpec, max_tokens: int, stream: bool, vocab: Vocab, default_mode: str, *,
                     tool_grammar: StructuredOutputsParams | None = None,
-                    skip_special_tokens: bool | None = None) -> SamplingParams:
+                    skip_special_tokens: bool | None = None,
+                    defaults: SamplingDefaults = NO_DEFAULTS) -> SamplingParams:
     """`tool_grammar` (tool_choice required or named) replaces response_format, as in vLLM; the tool parser may
-    need special tokens kept in the text (`skip_special_tokens`)."""
+    need special tokens kept in the text (`skip_special_tokens`); `defaults` fill what the request left out."""
     if spec.logprobs is not None and not 0 <= spec.logprobs <= MAX_TOP_LOGPROBS:
         raise RequestError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs")
     extra = extra_args(spec, vocab, default_mode)
@@ -161,9 +165,11 @@ def sampling_params(spec: SamplingSpec, max_tokens: int, stream: bool, vocab: Vo
         skip_special_tokens = spec.skip_special_tokens
     try:
         return SamplingParams(
-            n=spec.n, max_tokens=max_tokens, min_tokens=spec.min_tokens, temperature=spec.temperature,
-            top_p=spec.top_p, top_k=spec.top_k, min_p=spec.min_p, presence_penalty=spec.presence_penalty,
-            frequency_penalty=spec.frequency_penalty, repetition_penalty=spec.repetition_penalty,
+            n=spec.n, max_tokens=max_tokens, min_tokens=spec.min_tokens,
+            temperature=defaults.value("temperature", spec.temperature), top_p=defaults.value("top_p", spec.top_p),
+            top_k=int(defaults.value("top_k", spec.top_k)), min_p=defaults.value("min_p", spec.min_p),
+            presence_penalty=spec.presence_penalty, frequency_penalty=spec.frequency_penalty,
+            repetition_penalty=defaults.value("repetition_penalty", spec.repetition_penalty),
             seed=spec.seed, stop=list(spec.stop), stop_token_ids=list(spec.stop_token_ids),
             ignore_eos=spec.ignore_eos, include_stop_str_in_output=spec.include_stop_str_in_output,
             skip_special_tokens=skip_special_tokens, logprobs=spec.logprobs,

@@ -20,6 +20,7 @@ from backend.processor import cost
 from backend.processor.params import Vocab, check_lengths, render_prompt, sampling_params
 from backend.processor.parsing import ChatParsers, RequestParsing, tool_dicts
 from backend.startup.settings import BackendSettings
+from common.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 from protocol.generate import GenerateRequest
 
 
@@ -43,8 +44,10 @@ class EngineRequests:
 
 class Preparer:
     def __init__(self, settings: BackendSettings, input_processor, vocab: Vocab, max_model_len: int,
-                 parsers: ChatParsers, max_num_seqs: int) -> None:
+                 parsers: ChatParsers, max_num_seqs: int, defaults: SamplingDefaults = NO_DEFAULTS) -> None:
         self._settings = settings
+        # The model's sampling defaults (common/sampling_defaults.py), for what a request leaves out.
+        self.defaults = defaults
         self._inputs = input_processor
         self.vocab = vocab
         self.max_model_len = max_model_len
@@ -72,13 +75,14 @@ class Preparer:
         prompt_param = "messages" if req.messages is not None else "prompt"
         parsing = self.parsers.prepare(req)
         prompt_ids = render_prompt(self.vocab, req, tool_dicts(req.tools) if req.tools else None)
-        max_tokens = check_lengths(len(prompt_ids), req.sampling, self.max_model_len, prompt_param)
+        max_tokens = check_lengths(len(prompt_ids), req.sampling, self.max_model_len, prompt_param, self.defaults)
         grammar = skip_special_tokens = None
         if parsing is not None:
             parsing.prompt_ids = prompt_ids
             grammar, skip_special_tokens = parsing.request.structured_outputs, parsing.request.skip_special_tokens
         params = sampling_params(req.sampling, max_tokens, req.stream, self.vocab, self._settings.vllm.logprobs_mode,
-                                 tool_grammar=grammar, skip_special_tokens=skip_special_tokens)
+                                 tool_grammar=grammar, skip_special_tokens=skip_special_tokens,
+                                 defaults=self.defaults)
         if params.extra_args and not self._settings.enforced_sampling:
             raise RequestError("validator replay (enforced tokens, raw logprobs) is disabled on this backend",
                                param="enforced_tokens" if "enforced_token_ids" in params.extra_args

@@ -20,6 +20,7 @@ import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
+from common.sampling_defaults import SamplingDefaults
 from frontend import convert
 from frontend.backend_client import BackendRequestError, BackendUnavailable
 from frontend.body import OffloadRoute
@@ -30,6 +31,7 @@ from frontend.responses_models import ResponsesRequest
 from frontend.responses_shape import ResponseShape
 from frontend.responses_stream import ResponseEvents, frame
 from frontend.routes.openai import _collect, _until_done, check_model
+from protocol.common import Fingerprint
 from protocol.generate import Delta, GenerateRequest
 
 router = APIRouter(route_class=OffloadRoute)  # large bodies are parsed off the loop (frontend/body.py)
@@ -88,22 +90,24 @@ async def _start(request: Request, gen: GenerateRequest) -> tuple[Delta, AsyncGe
         gen = msgspec.structs.replace(retry, rid=client.new_rid())
 
 
-def _served(request: Request, body: ResponsesRequest) -> tuple[str, int]:
+def _served(request: Request, body: ResponsesRequest) -> Fingerprint:
     fp = request.app.state.client.fingerprint
     if fp is None:
         raise BackendUnavailable("backend not ready")
     # The model may be left out, as vLLM allows; the response names the served model, as vLLM's does.
     if body.model is not None:
         check_model(request, body.model)
-    return fp.served_model_name, fp.max_model_len
+    return fp
 
 
 @router.post("/v1/responses", responses={**SSE, **errors(400, 404, 413, 503)})
 async def create_response(body: ResponsesRequest, request: Request):
-    model, max_model_len = _served(request, body)
+    fp = _served(request, body)
     client = request.app.state.client
     gen = generate_request(client.new_rid(), body)
-    shape = ResponseShape(body, model=model, max_model_len=max_model_len, fmt=request.app.state.token_format)
+    shape = ResponseShape(body, model=fp.served_model_name, max_model_len=fp.max_model_len,
+                          fmt=request.app.state.token_format,
+                          defaults=SamplingDefaults.from_wire(fp.sampling_defaults, fp.max_tokens_cap))
     if not gen.stream:
         merged = convert.merge(await _whole(request, gen))
         return Response(msgspec.json.encode(shape.whole(merged)), media_type="application/json")

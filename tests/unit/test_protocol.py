@@ -119,7 +119,8 @@ def _fingerprint() -> Fingerprint:
         protocol_version=PROTOCOL_VERSION, served_model_name="tiny", model_path="/models/tiny-qwen3",
         max_model_len=2048, block_size=16, dtype="bfloat16", vllm_version="0.26.0", engine_device="cuda",
         poc_code_version="poc-v2", scheduling_mode="shared", python_hash_seed="0",
-        prefix_caching_hash_algo="sha256", model_aliases=["alias-a", "alias-b"], vocab_size=151936)
+        prefix_caching_hash_algo="sha256", model_aliases=["alias-a", "alias-b"], vocab_size=151936,
+        sampling_defaults={"temperature": 0.7, "top_k": 20.0, "max_tokens": 4096.0}, max_tokens_cap=8192)
 
 
 def _stats() -> BackendStats:
