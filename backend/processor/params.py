@@ -175,6 +175,7 @@ def sampling_params(spec: SamplingSpec, max_tokens: int, stream: bool, vocab: Vo
             skip_special_tokens=skip_special_tokens, logprobs=spec.logprobs,
             structured_outputs=tool_grammar if tool_grammar is not None else _structured(spec), extra_args=extra,
             output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+            skip_clone=True,  # made for this request only, as vLLM's OpenAI layer makes it: no deep copy
         )
     except _ARGUMENT_ERRORS as e:  # vLLM's own argument checks (ranges of temperature, top_p, min_tokens, ...)
         raise RequestError(str(e), param=getattr(e, "parameter", None) or _guess_param(str(e))) from e

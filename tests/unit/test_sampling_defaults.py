@@ -66,6 +66,21 @@ def test_chat_and_completions_fill_what_the_request_leaves_out_as_vllm_does(defa
     assert ours == _theirs(CompletionRequest.model_validate(completion).to_sampling_params(16, defaults))
 
 
+@pytest.mark.parametrize("body", [
+    {}, {"n": 2, "seed": 3, "stop": ["x"], "logprobs": True, "top_logprobs": 5, "presence_penalty": 0.5,
+         "frequency_penalty": 0.2, "min_tokens": 2, "max_tokens": 16},
+    {"stream": True, "stop_token_ids": [5], "ignore_eos": True, "skip_special_tokens": False,
+     "include_stop_str_in_output": True, "max_tokens": 16}])
+def test_every_field_of_a_chat_s_sampling_params_is_vllm_s(body):
+    chat = {"model": "m", "messages": MESSAGES, **body}
+    request = convert.chat_request("r", OurChatRequest.model_validate(chat))
+    ours = sampling_params(request.sampling, 16, request.stream, Vocab(), "processed_logprobs",  # type: ignore[arg-type]
+                           defaults=SamplingDefaults(values=MODEL_DEFAULTS[1]))
+    theirs = ChatCompletionRequest.model_validate(chat).to_sampling_params(16, MODEL_DEFAULTS[1])
+    assert {f: getattr(ours, f) for f in ours.__struct_fields__} == {f: getattr(theirs, f)
+                                                                      for f in theirs.__struct_fields__}
+
+
 @pytest.mark.parametrize("defaults", MODEL_DEFAULTS)
 @pytest.mark.parametrize("body", [b for b in BODIES if "min_p" not in b])  # the Responses API takes no min_p
 def test_responses_fill_what_the_request_leaves_out_as_vllm_does(defaults, body):
