@@ -144,7 +144,14 @@ spy() {
     -o "$out/spy-ours-frontend.txt" > "$out/spy-ours-frontend.log" 2>&1 &
   [ -n "$vllm" ] && py-spy record --nonblocking --subprocesses --threads -f raw -d "$2" -p "$vllm" \
     -o "$out/spy-vllm.txt" > "$out/spy-vllm.log" 2>&1 &
+  # The same engine processes again, only the samples whose thread holds the GIL (what waits for it shows as the
+  # difference to the files above).
+  [ -n "$ours" ] && py-spy record --nonblocking --gil --threads -f raw -d "$2" -p "$ours" \
+    -o "$out/spy-ours-gil.txt" > "$out/spy-ours-gil.log" 2>&1 &
+  [ -n "$vllm" ] && py-spy record --nonblocking --gil --subprocesses --threads -f raw -d "$2" -p "$vllm" \
+    -o "$out/spy-vllm-gil.txt" > "$out/spy-vllm-gil.log" 2>&1 &
   wait
+  python3 -m bench.spy_split "$out"/spy-*.txt --top 20 > "$out/spy-split.txt" 2>&1 || true
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 case "${1:-tests}" in
@@ -574,7 +581,9 @@ PY
                          # rounds A,B,B,A,... (bench/rounds.py); SIGINT at TIMEOUT_S still prints the pairs done.
                          # EXTRA adds bench.serving flags (e.g. EXTRA="--min-tokens 64": spread lengths, lead (a)).
                          # SPY_S (where py-spy is staged): both servers' processes sampled by py-spy for SPY_S s
-                         # from the first round on (spy-ours.txt, spy-vllm.txt: collapsed stacks, busy samples only)
+                         # from the first round on (spy-ours.txt, spy-vllm.txt: collapsed stacks, busy samples only;
+                         # -gil.txt: GIL holders only), split by thread and function in spy-split.txt
+                         # (bench/spy_split.py)
                          # RMODEL="235b LAYERS": the 235B shape's block-FP8 slice, dummy weights, on both servers.
                          # 12 pairs: the H200's scatter of 2026-12-02 needs ~11 for a ±5% interval (bench/rounds.py)
     control=${2:-none}

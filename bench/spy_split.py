@@ -1,0 +1,90 @@
+"""Where each thread's samples go in py-spy's raw output: per thread, the functions its samples are in (each
+counted once per sample, callers included) and the leaf functions, as shares of that thread's samples.
+
+Reads what `py-spy record --threads -f raw` writes (with or without `--subprocesses`, `--idle`, `--gil`): one line
+per distinct stack, `[process PID:"CMD";]thread (TID): NAME;func (file:line);...;func (file:line) COUNT`. Written for
+issue 43's question, where an engine process spends a decode step's host time that `vllm serve`'s does not:
+`scripts/gpu_check.sh bench-serving-rounds` with SPY_S samples both servers and runs this on each file.
+
+    python -m bench.spy_split spy-ours.txt spy-vllm.txt [--top 15] [--min-samples 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_THREAD = re.compile(r"thread \((?:0x)?[0-9a-fA-F]+\)(?::\s*(.*))?$")
+_FRAME = re.compile(r"^(.*?) \((.*):\d+\)$")
+
+
+@dataclass
+class Thread:
+    name: str
+    samples: int = 0
+    inclusive: Counter = field(default_factory=Counter)
+    leaf: Counter = field(default_factory=Counter)
+
+
+def function(frame: str) -> str:
+    """`func (path/file.py:123)` → `func (file.py)`: one entry per function, whatever line it was on."""
+    match = _FRAME.match(frame.strip())
+    if match is None:
+        return frame.strip()
+    return f"{match.group(1)} ({Path(match.group(2)).name})"
+
+
+def parse(text: str) -> dict[str, Thread]:
+    """Threads by `process/thread name` (process only where the file has several)."""
+    threads: dict[str, Thread] = {}
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        parts = stack.split(";")
+        process = ""
+        if parts[0].startswith("process "):
+            process = parts.pop(0).split(":", 1)[0].removeprefix("process ")
+        match = _THREAD.match(parts[0].strip()) if parts else None
+        if match is None:
+            continue
+        key = f"{process}/{match.group(1) or parts[0].strip()}" if process else (match.group(1) or parts[0].strip())
+        thread = threads.setdefault(key, Thread(key))
+        frames = [function(f) for f in parts[1:]]
+        thread.samples += int(count)
+        for name in set(frames):
+            thread.inclusive[name] += int(count)
+        if frames:
+            thread.leaf[frames[-1]] += int(count)
+    return threads
+
+
+def report(path: Path, top: int, min_samples: int) -> list[str]:
+    threads = sorted(parse(path.read_text(errors="replace")).values(), key=lambda t: -t.samples)
+    lines = [f"== {path}: {sum(t.samples for t in threads)} samples in {len(threads)} threads"]
+    for t in threads:
+        if t.samples < min_samples:
+            continue
+        lines.append(f"-- {t.name}: {t.samples} samples")
+        lines.append("   in (callers included):")
+        lines += [f"   {n / t.samples:7.1%}  {name}" for name, n in t.inclusive.most_common(top)]
+        lines.append("   leaf:")
+        lines += [f"   {n / t.samples:7.1%}  {name}" for name, n in t.leaf.most_common(top)]
+    return lines
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("files", nargs="+", type=Path)
+    p.add_argument("--top", type=int, default=15, help="functions listed per thread and kind")
+    p.add_argument("--min-samples", type=int, default=50, help="threads with fewer samples are left out")
+    args = p.parse_args()
+    for path in args.files:
+        print("\n".join(report(path, args.top, args.min_samples)))
+
+
+if __name__ == "__main__":
+    main()

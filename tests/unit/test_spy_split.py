@@ -1,0 +1,50 @@
+"""Unit tests for bench/spy_split.py: py-spy's raw stacks split by thread and function."""
+
+from __future__ import annotations
+
+from bench.spy_split import function, parse, report
+
+# Lines as py-spy 0.4.3 writes them with --threads (the first as recorded from a test backend), then with
+# --subprocesses; the last is not a stack.
+RAW = """\
+thread (10932): MainThread;_run_module_as_main (<frozen runpy>:198);BackendLoop.run (backend/core/loop.py:66);\
+BackendLoop.step_engine (backend/core/loop.py:201);EngineCore.step_with_batch_queue (vllm/v1/engine/core.py:450);\
+Event.synchronize (torch/cuda/streams.py:225) 30
+thread (10932): MainThread;_run_module_as_main (<frozen runpy>:198);BackendLoop.run (backend/core/loop.py:66);\
+BackendLoop.step_engine (backend/core/loop.py:201);EngineCore.step_with_batch_queue (vllm/v1/engine/core.py:433);\
+Scheduler.schedule (vllm/v1/core/sched/scheduler.py:300) 10
+thread (10932): MainThread;_run_module_as_main (<frozen runpy>:198);BackendLoop.run (backend/core/loop.py:66);\
+BackendLoop.ingest (backend/core/loop.py:130) 10
+thread (0x7f00aa): zmq-io;_io_loop (backend/transport/server.py:170) 4
+process 77:"python -m vllm";thread (78): MainThread;run_busy_loop (vllm/v1/engine/core.py:900) 5
+Wrote raw flamegraph data
+"""
+
+
+def test_frames_are_counted_once_per_sample_by_function_not_line():
+    threads = parse(RAW)
+    assert set(threads) == {"MainThread", "zmq-io", "77/MainThread"}
+    main = threads["MainThread"]
+    assert main.samples == 50
+    assert main.inclusive["EngineCore.step_with_batch_queue (core.py)"] == 40  # two lines of one function
+    assert main.inclusive["BackendLoop.run (loop.py)"] == 50
+    assert main.leaf == {"Event.synchronize (streams.py)": 30, "Scheduler.schedule (scheduler.py)": 10,
+                         "BackendLoop.ingest (loop.py)": 10}
+    assert threads["77/MainThread"].samples == 5
+
+
+def test_function_keeps_the_name_and_the_file():
+    assert function("Queue.get (queue.py:180)") == "Queue.get (queue.py)"
+    assert function("<module> (backend/__main__.py:226)") == "<module> (__main__.py)"
+    assert function("_run_module_as_main (<frozen runpy>:198)") == "_run_module_as_main (<frozen runpy>)"
+
+
+def test_the_report_gives_shares_and_leaves_out_small_threads(tmp_path):
+    path = tmp_path / "spy.txt"
+    path.write_text(RAW)
+    lines = report(path, top=3, min_samples=5)
+    assert lines[0] == f"== {path}: 59 samples in 3 threads"
+    assert "-- MainThread: 50 samples" in lines
+    assert "     80.0%  EngineCore.step_with_batch_queue (core.py)" in lines
+    assert "     60.0%  Event.synchronize (streams.py)" in lines
+    assert not any("zmq-io" in line for line in lines)  # 4 samples, under the minimum
