@@ -30,7 +30,8 @@ class Thread:
 
 
 def function(frame: str) -> str:
-    """`func (path/file.py:123)` → `func (file.py)`: one entry per function, whatever line it was on."""
+    """A frame as its function and its file's name, without the directory and the line: one entry per function,
+    whatever line it was on."""
     match = _FRAME.match(frame.strip())
     if match is None:
         return frame.strip()
@@ -55,7 +56,7 @@ def parse(text: str) -> dict[str, Thread]:
         thread = threads.setdefault(key, Thread(key))
         frames = [function(f) for f in parts[1:]]
         thread.samples += int(count)
-        for name in set(frames):
+        for name in dict.fromkeys(frames):  # once per sample, in stack order (ties list the caller first)
             thread.inclusive[name] += int(count)
         if frames:
             thread.leaf[frames[-1]] += int(count)

@@ -42,7 +42,7 @@ def test_function_keeps_the_name_and_the_file():
 def test_the_report_gives_shares_and_leaves_out_small_threads(tmp_path):
     path = tmp_path / "spy.txt"
     path.write_text(RAW)
-    lines = report(path, top=3, min_samples=5)
+    lines = report(path, top=5, min_samples=5)
     assert lines[0] == f"== {path}: 59 samples in 3 threads"
     assert "-- MainThread: 50 samples" in lines
     assert "     80.0%  EngineCore.step_with_batch_queue (core.py)" in lines
