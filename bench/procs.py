@@ -116,6 +116,17 @@ def machine_busy_s() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
+def read_stat(path: str) -> tuple[int, int] | None:
+    """(process group, CPU ticks: utime + stime) of one /proc stat file (a process's or a thread's); None once the
+    task is gone."""
+    try:
+        with open(path) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[2]), int(fields[11]) + int(fields[12])
+
+
 def group_cpu_s(pgids: list[int]) -> float:
     """CPU seconds used so far by the live members of these process groups (Linux /proc; NaN elsewhere)."""
     total, wanted = 0, set(pgids)
@@ -124,13 +135,9 @@ def group_cpu_s(pgids: list[int]) -> float:
     except OSError:
         return float("nan")
     for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # exited meanwhile
-        if int(fields[2]) in wanted:  # fields[2] is pgrp; utime and stime follow at 11 and 12
-            total += int(fields[11]) + int(fields[12])
+        stat = read_stat(f"/proc/{pid}/stat")
+        if stat is not None and stat[0] in wanted:
+            total += stat[1]
     return total / os.sysconf("SC_CLK_TCK")
 
 

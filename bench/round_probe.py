@@ -16,19 +16,10 @@ import os
 
 import httpx
 
+from bench.procs import read_stat
 from bench.prom import totals
 
 ITL = "vllm:inter_token_latency_seconds"
-
-
-def _read_stat(path: str) -> tuple[int, int] | None:
-    """(process group, CPU ticks) of one /proc stat file; None once the task is gone."""
-    try:
-        with open(path) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return int(fields[2]), int(fields[11]) + int(fields[12])  # pgrp; utime + stime
 
 
 def _label(pid: str) -> str:
@@ -55,7 +46,7 @@ def process_cpu(pgids: list[int]) -> dict[int, dict]:
     except OSError:
         return {}
     for pid in pids:
-        stat = _read_stat(f"/proc/{pid}/stat")
+        stat = read_stat(f"/proc/{pid}/stat")
         if stat is None or stat[0] not in wanted:
             continue
         threads = {}
@@ -64,7 +55,7 @@ def process_cpu(pgids: list[int]) -> dict[int, dict]:
         except OSError:
             continue
         for tid in tids:
-            if (t := _read_stat(f"/proc/{pid}/task/{tid}/stat")) is not None:
+            if (t := read_stat(f"/proc/{pid}/task/{tid}/stat")) is not None:
                 threads[int(tid)] = t[1] / tick
         out[int(pid)] = {"label": _label(pid), "cpu_s": stat[1] / tick, "threads": threads}
     return out

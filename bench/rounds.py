@@ -105,13 +105,14 @@ def one_round(name: str, base_url: str, index: int, args: argparse.Namespace, pr
     mine = [p.pid for p in procs[name]]
     itl_before = engine_itl(base_url)
     by_process = process_cpu(mine)
-    before = (machine_busy_s(), group_cpu_s(mine), group_cpu_s(idle), _client_cpu_s())
+    before = (machine_busy_s(), _total_cpu_s(by_process), group_cpu_s(idle), _client_cpu_s())
     results, duration_s = asyncio.run(run_load(base_url, served_name, num_requests=args.num_requests,
                                                concurrency=args.concurrency, max_tokens=args.max_tokens,
                                                first_index=FIRST_INDEX + index * args.num_requests,
                                                min_tokens=args.min_tokens, request_rate=args.request_rate))
-    after = (machine_busy_s(), group_cpu_s(mine), group_cpu_s(idle), _client_cpu_s())
-    split = cpu_split(by_process, process_cpu(mine), duration_s)
+    by_process_after = process_cpu(mine)
+    after = (machine_busy_s(), _total_cpu_s(by_process_after), group_cpu_s(idle), _client_cpu_s())
+    split = cpu_split(by_process, by_process_after, duration_s)
     machine, server, idle_s, client = (a - b for a, b in zip(after, before, strict=True))
     engine_itl_ms = itl_mean_ms(itl_before, engine_itl(base_url))
     for ps in procs.values():
@@ -121,6 +122,11 @@ def one_round(name: str, base_url: str, index: int, args: argparse.Namespace, pr
             "idle_cpu_pct": 100 * idle_s / duration_s, "client_cpu_pct": 100 * client / duration_s,
             "foreign_cpu_pct": 100 * (machine - server - idle_s - client) / duration_s,
             "cpu_by_process": split, "engine_itl_mean_ms": engine_itl_ms}
+
+
+def _total_cpu_s(by_process: dict[int, dict]) -> float:
+    """The system's CPU seconds so far, from its processes' (bench/round_probe.py process_cpu)."""
+    return sum(p["cpu_s"] for p in by_process.values())
 
 
 def _client_cpu_s() -> float:
