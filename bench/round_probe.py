@@ -2,7 +2,8 @@
 
 - **CPU by process**: each process of the system's groups, its share of a core over the round and that of its
   busiest thread. A Python process whose busiest thread nears 100% is bound by one GIL: it paces what passes
-  through it, whatever the GPU could do.
+  through it, whatever the GPU could do. For that thread also what can slow it at the same share of a core: time
+  in the kernel, time runnable but waiting for a core (the scheduler's run queue), page faults and preemptions.
 - **The engine's own inter-token latency**: vLLM's `vllm:inter_token_latency_seconds` histogram, which both
   systems export on /metrics (ours from its processor process). vLLM times it by `EngineCoreOutputs.timestamp`,
   stamped in the engine process when a step's outputs are made, so its mean over the round is the engine's step
@@ -13,6 +14,7 @@
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import httpx
 
@@ -36,9 +38,38 @@ def _label(pid: str) -> str:
     return os.path.basename(argv[0].split()[0])
 
 
+class ThreadSample(NamedTuple):
+    """One thread's counters so far (Linux /proc/PID/task/TID)."""
+
+    cpu_s: float  # user + kernel
+    sys_s: float  # kernel
+    wait_s: float  # runnable, waiting on the run queue for a core (schedstat; 0 where the kernel keeps none)
+    faults: int  # minor page faults
+    preempted: int  # involuntary context switches
+
+
+def thread_sample(task: str, tick: float) -> ThreadSample | None:
+    """A thread's counters from its /proc task directory; None once it is gone."""
+    try:
+        with open(f"{task}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open(f"{task}/status") as f:
+            preempted = next((int(line.split()[1]) for line in f if line.startswith("nonvoluntary_ctxt")), 0)
+    except OSError:
+        return None
+    try:
+        with open(f"{task}/schedstat") as f:
+            wait_s = int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        wait_s = 0.0
+    # stat after the name: state ppid pgrp ... minflt (8th) ... utime (12th) stime (13th)
+    return ThreadSample((int(fields[11]) + int(fields[12])) / tick, int(fields[12]) / tick, wait_s, int(fields[7]),
+                        preempted)
+
+
 def process_cpu(pgids: list[int]) -> dict[int, dict]:
-    """pid → its label, CPU seconds so far and each thread's, for the live members of these process groups
-    (Linux /proc; empty elsewhere)."""
+    """pid → its label, CPU seconds so far and each thread's counters (ThreadSample), for the live members of
+    these process groups (Linux /proc; empty elsewhere)."""
     tick = os.sysconf("SC_CLK_TCK")
     wanted, out = set(pgids), {}
     try:
@@ -55,22 +86,30 @@ def process_cpu(pgids: list[int]) -> dict[int, dict]:
         except OSError:
             continue
         for tid in tids:
-            if (t := read_stat(f"/proc/{pid}/task/{tid}/stat")) is not None:
-                threads[int(tid)] = t[1] / tick
+            if (t := thread_sample(f"/proc/{pid}/task/{tid}", tick)) is not None:
+                threads[int(tid)] = t
         out[int(pid)] = {"label": _label(pid), "cpu_s": stat[1] / tick, "threads": threads}
     return out
 
 
+_NONE = ThreadSample(0.0, 0.0, 0.0, 0, 0)
+
+
 def cpu_split(before: dict[int, dict], after: dict[int, dict], duration_s: float) -> list[dict]:
-    """Per process alive at both ends: CPU % and its busiest thread's % over the round (100 = one core), busiest
-    process first."""
+    """Per process alive at both ends: CPU % and its busiest thread's over the round (100 = one core), busiest
+    process first; for that thread also its kernel %, run-queue wait %, page faults and preemptions per second."""
     out = []
     for pid, a in after.items():
         if (b := before.get(pid)) is None:
             continue
-        top = max((s - b["threads"].get(tid, 0.0) for tid, s in a["threads"].items()), default=0.0)
+        deltas = [ThreadSample(*(x - y for x, y in zip(s, b["threads"].get(tid, _NONE), strict=True)))
+                  for tid, s in a["threads"].items()]
+        top = max(deltas, key=lambda d: d.cpu_s, default=_NONE)
         out.append({"pid": pid, "label": a["label"], "cpu_pct": 100 * (a["cpu_s"] - b["cpu_s"]) / duration_s,
-                    "top_thread_pct": 100 * top / duration_s})
+                    "top_thread_pct": 100 * top.cpu_s / duration_s, "top_thread_sys_pct": 100 * top.sys_s / duration_s,
+                    "top_thread_wait_pct": 100 * top.wait_s / duration_s,
+                    "top_thread_faults_per_s": top.faults / duration_s,
+                    "top_thread_preempted_per_s": top.preempted / duration_s})
     return sorted(out, key=lambda p: -p["cpu_pct"])
 
 
@@ -94,6 +133,13 @@ def itl_mean_ms(before: tuple[float, float] | None, after: tuple[float, float] |
 
 
 def split_line(split: list[dict], limit: int = 5) -> str:
-    """'label cpu% (top thread%)' for the busiest processes."""
-    return ", ".join(f"{p['label']} {p['cpu_pct']:.0f}% (top thread {p['top_thread_pct']:.0f}%)"
-                     for p in split[:limit] if p["cpu_pct"] >= 1)
+    """'label cpu% (top thread%)' for the busiest processes; for the busiest one's top thread also its kernel
+    share, run-queue wait, page faults and preemptions."""
+    parts = []
+    for i, p in enumerate(p for p in split[:limit] if p["cpu_pct"] >= 1):
+        more = ""
+        if i == 0 and "top_thread_sys_pct" in p:
+            more = (f": sys {p['top_thread_sys_pct']:.0f}%, run-queue wait {p['top_thread_wait_pct']:.1f}%, "
+                    f"{p['top_thread_faults_per_s']:.0f} faults/s, {p['top_thread_preempted_per_s']:.0f} preempted/s")
+        parts.append(f"{p['label']} {p['cpu_pct']:.0f}% (top thread {p['top_thread_pct']:.0f}%{more})")
+    return ", ".join(parts)

@@ -2,7 +2,8 @@
 counted once per sample, callers included) and the leaf functions, as shares of that thread's samples.
 
 Reads what `py-spy record --threads -f raw` writes (with or without `--subprocesses`, `--idle`, `--gil`): one line
-per distinct stack, `[process PID:"CMD";]thread (TID): NAME;func (file:line);...;func (file:line) COUNT`. Written for
+per distinct stack, `[process PID:"CMD";]thread (TID): NAME;func (file:line);...;func (file:line) COUNT`; a
+subprocess's stacks start with its parents' `process` frames, and the thread is the last process's. Written for
 issue 43's question, where an engine process spends a decode step's host time that `vllm serve`'s does not:
 `scripts/gpu_check.sh bench-serving-rounds` with SPY_S samples both servers and runs this on each file.
 
@@ -47,7 +48,7 @@ def parse(text: str) -> dict[str, Thread]:
             continue
         parts = stack.split(";")
         process = ""
-        if parts[0].startswith("process "):
+        while parts and parts[0].startswith("process "):  # the innermost process owns the thread
             process = parts.pop(0).split(":", 1)[0].removeprefix("process ")
         match = _THREAD.match(parts[0].strip()) if parts else None
         if match is None:

@@ -131,6 +131,8 @@ free_gpus() {
 }
 # spy LOG SECONDS: once LOG shows bench.rounds' first round, py-spy samples our backend and `vllm serve`, each with
 # its subprocesses, for SECONDS (non-blocking, busy threads only, collapsed stacks by thread) into $out/spy-*.txt.
+# SPY_FLAGS replaces "--nonblocking" in the two engine recordings (e.g. "--native": C frames too, such as the
+# collector's or a wait for the GIL; py-spy then pauses the process for each sample).
 spy() {
   command -v py-spy > /dev/null || { echo "spy: py-spy is not staged (scripts/stage_extra.sh, carry .stage/extra)"; return 0; }
   for _ in $(seq 900); do grep -q "^round  1 " "$1" 2>/dev/null && break; sleep 1; done
@@ -138,11 +140,11 @@ spy() {
   ours=$(pgrep -f "^pocserve-backend" | head -1 || true)  # its title (common/process.py set_title)
   frontend=$(pgrep -f "python3? -m frontend" | head -1 || true)
   vllm=$(pgrep -f "vllm.entrypoints.openai.api_server" | head -1 || true)
-  [ -n "$ours" ] && py-spy record --nonblocking --subprocesses --threads -f raw -d "$2" -p "$ours" \
+  [ -n "$ours" ] && py-spy record ${SPY_FLAGS:---nonblocking} --subprocesses --threads -f raw -d "$2" -p "$ours" \
     -o "$out/spy-ours.txt" > "$out/spy-ours.log" 2>&1 &
   [ -n "$frontend" ] && py-spy record --nonblocking --threads -f raw -d "$2" -p "$frontend" \
     -o "$out/spy-ours-frontend.txt" > "$out/spy-ours-frontend.log" 2>&1 &
-  [ -n "$vllm" ] && py-spy record --nonblocking --subprocesses --threads -f raw -d "$2" -p "$vllm" \
+  [ -n "$vllm" ] && py-spy record ${SPY_FLAGS:---nonblocking} --subprocesses --threads -f raw -d "$2" -p "$vllm" \
     -o "$out/spy-vllm.txt" > "$out/spy-vllm.log" 2>&1 &
   # The same engine processes again, only the samples whose thread holds the GIL (what waits for it shows as the
   # difference to the files above).

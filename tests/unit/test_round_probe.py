@@ -5,21 +5,31 @@ import math
 import os
 import time
 
-from bench.round_probe import cpu_split, itl_mean_ms, process_cpu, split_line
+from bench.round_probe import ThreadSample, cpu_split, itl_mean_ms, process_cpu, split_line
+
+
+def cpu(seconds: float, sys_s: float = 0.0, wait_s: float = 0.0, faults: int = 0, preempted: int = 0) -> ThreadSample:
+    return ThreadSample(seconds, sys_s, wait_s, faults, preempted)
 
 
 def test_the_split_is_per_process_with_its_busiest_thread() -> None:
-    before = {10: {"label": "frontend", "cpu_s": 5.0, "threads": {10: 4.0, 11: 1.0}},
-              20: {"label": "VLLM::EngineCore", "cpu_s": 1.0, "threads": {20: 1.0}},
-              30: {"label": "gone", "cpu_s": 1.0, "threads": {30: 1.0}}}
-    after = {10: {"label": "frontend", "cpu_s": 6.0, "threads": {10: 4.9, 11: 1.1}},
-             20: {"label": "VLLM::EngineCore", "cpu_s": 2.5, "threads": {20: 1.5, 21: 1.0}},  # 21 started meanwhile
-             40: {"label": "new", "cpu_s": 9.0, "threads": {40: 9.0}}}
+    before = {10: {"label": "frontend", "cpu_s": 5.0, "threads": {10: cpu(4.0), 11: cpu(1.0)}},
+              20: {"label": "VLLM::EngineCore", "cpu_s": 1.0, "threads": {20: cpu(1.0, 0.5, 0.1, 100, 7)}},
+              30: {"label": "gone", "cpu_s": 1.0, "threads": {30: cpu(1.0)}}}
+    after = {10: {"label": "frontend", "cpu_s": 6.0, "threads": {10: cpu(4.9), 11: cpu(1.1)}},
+             # 21 started meanwhile: all its counters are the round's
+             20: {"label": "VLLM::EngineCore", "cpu_s": 2.5,
+                  "threads": {20: cpu(2.0, 0.6, 0.3, 300, 27), 21: cpu(0.5)}},
+             40: {"label": "new", "cpu_s": 9.0, "threads": {40: cpu(9.0)}}}
     split = cpu_split(before, after, duration_s=2.0)
     assert [p["label"] for p in split] == ["VLLM::EngineCore", "frontend"]  # busiest first; 30 and 40 not at both
-    assert split[0]["cpu_pct"] == 75.0 and split[0]["top_thread_pct"] == 50.0
+    engine = split[0]
+    assert engine["cpu_pct"] == 75.0 and engine["top_thread_pct"] == 50.0
+    assert round(engine["top_thread_sys_pct"]) == 5 and round(engine["top_thread_wait_pct"]) == 10
+    assert engine["top_thread_faults_per_s"] == 100 and engine["top_thread_preempted_per_s"] == 10
     assert round(split[1]["cpu_pct"]) == 50 and round(split[1]["top_thread_pct"]) == 45
-    assert split_line(split) == "VLLM::EngineCore 75% (top thread 50%), frontend 50% (top thread 45%)"
+    assert split_line(split) == ("VLLM::EngineCore 75% (top thread 50%: sys 5%, run-queue wait 10.0%, 100 faults/s, "
+                                 "10 preempted/s), frontend 50% (top thread 45%)")
 
 
 def test_this_process_is_found_by_its_group_and_its_cpu_grows() -> None:
@@ -33,6 +43,7 @@ def test_this_process_is_found_by_its_group_and_its_cpu_grows() -> None:
     after = process_cpu([os.getpgrp()])
     mine = next(p for p in cpu_split(before, after, 1.0) if p["pid"] == me)
     assert mine["cpu_pct"] >= 10 and mine["top_thread_pct"] >= 10
+    assert mine["top_thread_sys_pct"] >= 0 and mine["top_thread_wait_pct"] >= 0 and mine["top_thread_faults_per_s"] >= 0
 
 
 def test_the_itl_mean_is_the_rounds_own_tokens() -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from bench.spy_split import function, parse, report
 
 # Lines as py-spy 0.4.3 writes them with --threads (the first as recorded from a test backend), then with
-# --subprocesses; the last is not a stack.
+# --subprocesses, where a child's stacks start with its parent's process frame (as `vllm serve`'s engine core
+# under its API server, recorded on an H100); the last is not a stack.
 RAW = """\
 thread (10932): MainThread;_run_module_as_main (<frozen runpy>:198);BackendLoop.run (backend/core/loop.py:66);\
 BackendLoop.step_engine (backend/core/loop.py:201);EngineCore.step_with_batch_queue (vllm/v1/engine/core.py:450);\
@@ -17,13 +18,15 @@ thread (10932): MainThread;_run_module_as_main (<frozen runpy>:198);BackendLoop.
 BackendLoop.ingest (backend/core/loop.py:130) 10
 thread (0x7f00aa): zmq-io;_io_loop (backend/transport/server.py:170) 4
 process 77:"python -m vllm";thread (78): MainThread;run_busy_loop (vllm/v1/engine/core.py:900) 5
+process 77:"python -m vllm";process 91:"VLLM::EngineCore";thread (91): MainThread;\
+EngineCoreProc.run_busy_loop (vllm/v1/engine/core.py:1050) 7
 Wrote raw flamegraph data
 """
 
 
 def test_frames_are_counted_once_per_sample_by_function_not_line():
     threads = parse(RAW)
-    assert set(threads) == {"MainThread", "zmq-io", "77/MainThread"}
+    assert set(threads) == {"MainThread", "zmq-io", "77/MainThread", "91/MainThread"}
     main = threads["MainThread"]
     assert main.samples == 50
     assert main.inclusive["EngineCore.step_with_batch_queue (core.py)"] == 40  # two lines of one function
@@ -31,6 +34,7 @@ def test_frames_are_counted_once_per_sample_by_function_not_line():
     assert main.leaf == {"Event.synchronize (streams.py)": 30, "Scheduler.schedule (scheduler.py)": 10,
                          "BackendLoop.ingest (loop.py)": 10}
     assert threads["77/MainThread"].samples == 5
+    assert threads["91/MainThread"].samples == 7  # the child's own thread, not its parent's
 
 
 def test_function_keeps_the_name_and_the_file():
@@ -43,7 +47,7 @@ def test_the_report_gives_shares_and_leaves_out_small_threads(tmp_path):
     path = tmp_path / "spy.txt"
     path.write_text(RAW)
     lines = report(path, top=5, min_samples=5)
-    assert lines[0] == f"== {path}: 59 samples in 3 threads"
+    assert lines[0] == f"== {path}: 66 samples in 4 threads"
     assert "-- MainThread: 50 samples" in lines
     assert "     80.0%  EngineCore.step_with_batch_queue (core.py)" in lines
     assert "     60.0%  Event.synchronize (streams.py)" in lines
