@@ -154,6 +154,9 @@ spy() {
     -o "$out/spy-vllm-gil.txt" > "$out/spy-vllm-gil.log" 2>&1 &
   wait
   python3 -m bench.spy_split "$out"/spy-*.txt --top 20 > "$out/spy-split.txt" 2>&1 || true
+  # A device call returns at most 8 files: the samples travel as one archive beside their split.
+  tar czf "$out/spy.tgz" -C "$out" $(cd "$out" && ls spy-*.txt spy-*.log | grep -v '^spy-split.txt$') \
+    && (cd "$out" && ls spy-*.txt spy-*.log | grep -v '^spy-split.txt$' | xargs rm -f) || true
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 case "${1:-tests}" in
@@ -584,8 +587,8 @@ PY
                          # EXTRA adds bench.serving flags (e.g. EXTRA="--min-tokens 64": spread lengths, lead (a)).
                          # SPY_S (where py-spy is staged): both servers' processes sampled by py-spy for SPY_S s
                          # from the first round on (spy-ours.txt, spy-vllm.txt: collapsed stacks, busy samples only;
-                         # -gil.txt: GIL holders only), split by thread and function in spy-split.txt
-                         # (bench/spy_split.py)
+                         # -gil.txt: GIL holders only; all in spy.tgz), split by thread and function in spy-split.txt
+                         # (bench/spy_split.py); SPY_FLAGS=--native: with C frames. The servers' logs: logs-TAG.tgz
                          # RMODEL="235b LAYERS": the 235B shape's block-FP8 slice, dummy weights, on both servers.
                          # 12 pairs: the H200's scatter of 2026-12-02 needs ~11 for a ±5% interval (bench/rounds.py)
     control=${2:-none}
@@ -615,6 +618,8 @@ PY
     wait
     quiet < "$log" | tail -60 | tee "$out/$name.txt"
     keep_logs "$name"
+    # One archive for the servers' logs: with py-spy's (spy.tgz, spy-split.txt) the call stays within 8 files.
+    tar czf "$out/logs-$name.tgz" -C "$out" "logs-$name" && rm -r "${out:?}/logs-$name" || true
     free_gpus
     ;;
 esac
