@@ -116,15 +116,20 @@ def machine_busy_s() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-def read_stat(path: str) -> tuple[int, int] | None:
-    """(process group, CPU ticks: utime + stime) of one /proc stat file (a process's or a thread's); None once the
-    task is gone."""
+def stat_fields(path: str) -> list[str] | None:
+    """The fields of one /proc stat file (a process's or a thread's) after its name, so that [0] is the state,
+    [2] the process group, [7] minor faults, [11] utime, [12] stime; None once the task is gone."""
     try:
         with open(path) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+            return f.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return int(fields[2]), int(fields[11]) + int(fields[12])
+
+
+def read_stat(path: str) -> tuple[int, int] | None:
+    """(process group, CPU ticks: utime + stime) of one /proc stat file; None once the task is gone."""
+    fields = stat_fields(path)
+    return None if fields is None else (int(fields[2]), int(fields[11]) + int(fields[12]))
 
 
 def group_cpu_s(pgids: list[int]) -> float:

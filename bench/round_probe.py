@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import httpx
 
-from bench.procs import read_stat
+from bench.procs import read_stat, stat_fields
 from bench.prom import totals
 
 ITL = "vllm:inter_token_latency_seconds"
@@ -50,9 +50,9 @@ class ThreadSample(NamedTuple):
 
 def thread_sample(task: str, tick: float) -> ThreadSample | None:
     """A thread's counters from its /proc task directory; None once it is gone."""
+    if (fields := stat_fields(f"{task}/stat")) is None:
+        return None
     try:
-        with open(f"{task}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
         with open(f"{task}/status") as f:
             preempted = next((int(line.split()[1]) for line in f if line.startswith("nonvoluntary_ctxt")), 0)
     except OSError:
@@ -62,7 +62,6 @@ def thread_sample(task: str, tick: float) -> ThreadSample | None:
             wait_s = int(f.read().split()[1]) / 1e9
     except (OSError, IndexError, ValueError):
         wait_s = 0.0
-    # stat after the name: state ppid pgrp ... minflt (8th) ... utime (12th) stime (13th)
     return ThreadSample((int(fields[11]) + int(fields[12])) / tick, int(fields[12]) / tick, wait_s, int(fields[7]),
                         preempted)
 
@@ -138,7 +137,7 @@ def split_line(split: list[dict], limit: int = 5) -> str:
     parts = []
     for i, p in enumerate(p for p in split[:limit] if p["cpu_pct"] >= 1):
         more = ""
-        if i == 0 and "top_thread_sys_pct" in p:
+        if i == 0:
             more = (f": sys {p['top_thread_sys_pct']:.0f}%, run-queue wait {p['top_thread_wait_pct']:.1f}%, "
                     f"{p['top_thread_faults_per_s']:.0f} faults/s, {p['top_thread_preempted_per_s']:.0f} preempted/s")
         parts.append(f"{p['label']} {p['cpu_pct']:.0f}% (top thread {p['top_thread_pct']:.0f}%{more})")

@@ -155,8 +155,9 @@ spy() {
   wait
   python3 -m bench.spy_split "$out"/spy-*.txt --top 20 > "$out/spy-split.txt" 2>&1 || true
   # A device call returns at most 8 files: the samples travel as one archive beside their split.
-  tar czf "$out/spy.tgz" -C "$out" $(cd "$out" && ls spy-*.txt spy-*.log | grep -v '^spy-split.txt$') \
-    && (cd "$out" && ls spy-*.txt spy-*.log | grep -v '^spy-split.txt$' | xargs rm -f) || true
+  local samples
+  samples=$(cd "$out" && ls spy-*.txt spy-*.log | grep -v '^spy-split.txt$' || true)
+  [ -n "$samples" ] && (cd "$out" && tar czf spy.tgz $samples && rm -f $samples) || true
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 case "${1:-tests}" in
