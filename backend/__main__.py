@@ -149,7 +149,7 @@ def serve(settings: BackendSettings) -> int:
     from backend.processor.parsing import check_parser_names
 
     engine = loop = None
-    trimmer = HeapTrimmer().start()
+    trimmer = HeapTrimmer(settings.heap_trim_interval_s).start()
     profiler = HeapProfiler.from_env()  # a leak hunt's figures (docs/troubleshooting.md); None normally
     if profiler is not None:
         profiler.start()

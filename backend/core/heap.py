@@ -3,10 +3,10 @@
 The CPU engine allocates activations in sizes that change with every batch (chats of every length beside PoC
 forwards). glibc keeps freed chunks inside its heap and returns only the top of it, so the engine process's RSS
 grew ~100 MB/min in a mixed soak with nothing live behind it: one malloc_trim(0) gave back 666 MB at once
-(docs/reliability.md, section 4). A daemon thread trims every TRIM_INTERVAL_S. ctypes releases the GIL for the
-call, so the engine keeps stepping; it waits only where it allocates from the arena being trimmed, for the
-trim's duration (logged at debug): ~0.1 ms per MB given back. The soak freed ~7 MB/s that glibc kept: every 30 s
-the RSS swung by ~200 MB between trims; every 5 s a trim gives back ~35 MB in ~3 ms.
+(docs/reliability.md, section 4). A daemon thread trims every --heap-trim-interval-s (TRIM_INTERVAL_S by
+default; 0: never). ctypes releases the GIL for the call, so the engine keeps stepping; it waits only where it
+allocates from the arena being trimmed, for the trim's duration (logged at debug): ~0.1 ms per MB given back. The soak freed ~7 MB/s that glibc kept: every
+30 s the RSS swung by ~200 MB between trims; every 5 s a trim gives back ~35 MB in ~3 ms.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def rss_bytes() -> int:
 
 
 class HeapTrimmer:
-    """Calls malloc_trim(0) every interval_s until stopped."""
+    """Calls malloc_trim(0) every interval_s until stopped (never where interval_s is 0)."""
 
     def __init__(self, interval_s: float = TRIM_INTERVAL_S) -> None:
         self.interval_s = interval_s
@@ -54,6 +54,9 @@ class HeapTrimmer:
         self._thread: threading.Thread | None = None
 
     def start(self) -> HeapTrimmer:
+        if self.interval_s <= 0:
+            log.info("heap_trim_off")
+            return self
         trim = malloc_trim()
         if trim is None:
             log.info("heap_trim_unavailable")

@@ -110,6 +110,9 @@ class BackendSettings:
                                  "before ready, run the model once at each step size whose kernels would otherwise "
                                  "compile at a first chat (the fused-MoE Triton kernel's tile sizes): auto = MoE "
                                  "models on CUDA, on, off", choices=("auto", "on", "off"))
+    heap_trim_interval_s: float = setting("POCSERVE_HEAP_TRIM_INTERVAL_S", 5.0,
+                                          "seconds between two malloc_trim(0) calls that give the engine process's "
+                                          "freed heap back to the OS (backend/core/heap.py); 0 = never")
     fault_fail_on_step: int = setting("POCSERVE_FAULT_FAIL_ON_STEP", 0,
                                       "fault injection for tests: the engine raises on this step (0 = never)")
     log_format: str = log_format_setting()
@@ -155,7 +158,7 @@ def _check(s: BackendSettings) -> None:
     if s.poc_forwards_in_flight not in (1, 2):
         raise SettingsError(f"--poc-forwards-in-flight / POCSERVE_POC_FORWARDS_IN_FLIGHT must be 1 or 2, got "
                             f"{s.poc_forwards_in_flight}")
-    for name in ("result_ttl_s", "callback_interval_s", "stop_flush_timeout_s"):
+    for name in ("result_ttl_s", "callback_interval_s", "stop_flush_timeout_s", "heap_trim_interval_s"):
         if getattr(s, name) < 0:
             raise SettingsError(f"--{name.replace('_', '-')} must be >= 0")
     if s.frontend_timeout_s != 0 and not s.frontend_timeout_s >= MIN_FRONTEND_TIMEOUT_S:

@@ -42,3 +42,10 @@ def test_thread_trims_on_its_interval_and_stops() -> None:
     done = trimmer.trims
     time.sleep(0.2)
     assert trimmer.trims == done  # stopped: no trim after stop()
+
+
+def test_interval_zero_starts_no_thread() -> None:
+    trimmer = HeapTrimmer(interval_s=0).start()
+    time.sleep(0.1)
+    assert trimmer._thread is None and trimmer.trims == 0
+    trimmer.stop()
