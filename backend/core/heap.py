@@ -5,8 +5,9 @@ forwards). glibc keeps freed chunks inside its heap and returns only the top of 
 grew ~100 MB/min in a mixed soak with nothing live behind it: one malloc_trim(0) gave back 666 MB at once
 (docs/reliability.md, section 4). A daemon thread trims every --heap-trim-interval-s (TRIM_INTERVAL_S by
 default; 0: never). ctypes releases the GIL for the call, so the engine keeps stepping; it waits only where it
-allocates from the arena being trimmed, for the trim's duration (logged at debug): ~0.1 ms per MB given back. The soak freed ~7 MB/s that glibc kept: every
-30 s the RSS swung by ~200 MB between trims; every 5 s a trim gives back ~35 MB in ~3 ms.
+allocates from the arena being trimmed, for the trim's duration (logged at debug): ~0.1 ms per MB given back.
+The soak freed ~7 MB/s that glibc kept: every 30 s the RSS swung by ~200 MB between trims; every 5 s a trim
+gives back ~35 MB in ~3 ms.
 """
 
 from __future__ import annotations
