@@ -159,7 +159,9 @@ spy() {
   samples=$(cd "$out" && ls spy-*.txt spy-*.log | grep -v '^spy-split.txt$' || true)
   [ -n "$samples" ] && (cd "$out" && tar czf spy.tgz $samples && rm -f $samples) || true
 }
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+# With the host's transparent-huge-page mode: under "always" a fault after a malloc_trim can zero 2 MiB, not 4 KiB.
+{ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  echo "thp: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null || echo unknown)"; } | tee "$out/gpu.txt"
 case "${1:-tests}" in
   tests)  # one device call: SIGINT at ${SUITE_S:-510} s makes pytest stop and still print its summary line
     started=$(date +%s)
