@@ -159,7 +159,7 @@ def _check(s: BackendSettings) -> None:
         raise SettingsError(f"--poc-forwards-in-flight / POCSERVE_POC_FORWARDS_IN_FLIGHT must be 1 or 2, got "
                             f"{s.poc_forwards_in_flight}")
     for name in ("result_ttl_s", "callback_interval_s", "stop_flush_timeout_s", "heap_trim_interval_s"):
-        if getattr(s, name) < 0:
+        if not getattr(s, name) >= 0:  # nan included
             raise SettingsError(f"--{name.replace('_', '-')} must be >= 0")
     if s.frontend_timeout_s != 0 and not s.frontend_timeout_s >= MIN_FRONTEND_TIMEOUT_S:
         raise SettingsError(f"--frontend-timeout-s / POCSERVE_FRONTEND_TIMEOUT_S must be 0 (off) or at least "

@@ -108,6 +108,8 @@ def test_settings_frontend_id_defaults_to_host_pid():
     (backend_settings, [], {"POCSERVE_POC_OVERLAP": "sometimes"}, ["--poc-overlap", "POCSERVE_POC_OVERLAP"]),
     (backend_settings, ["--poc-forwards-in-flight", "3"], {}, ["--poc-forwards-in-flight", "1 or 2"]),
     (backend_settings, [], {"POCSERVE_POC_FORWARDS_IN_FLIGHT": "0"}, ["POCSERVE_POC_FORWARDS_IN_FLIGHT"]),
+    (backend_settings, ["--heap-trim-interval-s", "-1"], {}, ["--heap-trim-interval-s", ">= 0"]),
+    (backend_settings, [], {"POCSERVE_HEAP_TRIM_INTERVAL_S": "nan"}, ["--heap-trim-interval-s"]),
 ])
 def test_settings_bad_value_raises_settings_error_naming_it(module, argv, environ, names):
     with pytest.raises(SettingsError) as info:
