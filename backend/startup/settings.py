@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from backend.core.heap import TRIM_INTERVAL_S
 from backend.startup.vllm_args import VllmArgs
 from common.config import SettingsError, add_options, build, check_choices, option, options, path, setting
 from common.curve import KeyFile, PublicKeys, load_public_keys, load_secret_key_file
@@ -110,7 +111,7 @@ class BackendSettings:
                                  "before ready, run the model once at each step size whose kernels would otherwise "
                                  "compile at a first chat (the fused-MoE Triton kernel's tile sizes): auto = MoE "
                                  "models on CUDA, on, off", choices=("auto", "on", "off"))
-    heap_trim_interval_s: float = setting("POCSERVE_HEAP_TRIM_INTERVAL_S", 5.0,
+    heap_trim_interval_s: float = setting("POCSERVE_HEAP_TRIM_INTERVAL_S", TRIM_INTERVAL_S,
                                           "seconds between two malloc_trim(0) calls that give the engine process's "
                                           "freed heap back to the OS (backend/core/heap.py); 0 = never")
     fault_fail_on_step: int = setting("POCSERVE_FAULT_FAIL_ON_STEP", 0,
