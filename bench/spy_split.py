@@ -3,7 +3,9 @@ counted once per sample, callers included) and the leaf functions, as shares of 
 
 Reads what `py-spy record --threads -f raw` writes (with or without `--subprocesses`, `--idle`, `--gil`): one line
 per distinct stack, `[process PID:"CMD";]thread (TID): NAME;func (file:line);...;func (file:line) COUNT`; a
-subprocess's stacks start with its parents' `process` frames, and the thread is the last process's. Written for
+subprocess's stacks start with its parents' `process` frames, and the thread is the last process's. With
+`--native --idle`, also each thread's share of samples waiting for the GIL, by the Python function it waits in.
+Written for
 issue 43's question, where an engine process spends a decode step's host time that `vllm serve`'s does not:
 `scripts/gpu_check.sh bench-serving-rounds` with SPY_S samples both servers and runs this on each file.
 
@@ -28,6 +30,8 @@ class Thread:
     samples: int = 0
     inclusive: Counter = field(default_factory=Counter)
     leaf: Counter = field(default_factory=Counter)
+    # Samples where the thread waits for the GIL (native stacks only), by the Python function it waits in.
+    gil_waits: Counter = field(default_factory=Counter)
 
 
 def function(frame: str) -> str:
@@ -37,6 +41,26 @@ def function(frame: str) -> str:
     if match is None:
         return frame.strip()
     return f"{match.group(1)} ({Path(match.group(2)).name})"
+
+
+# Where CPython takes the GIL back (exported names; take_gil itself is static and often unwound as its caller).
+_GIL_TAKERS = ("take_gil", "PyEval_RestoreThread", "PyEval_AcquireThread", "PyGILState_Ensure")
+
+
+def _is_python(frame: str) -> bool:
+    return ".py:" in frame or "<frozen " in frame
+
+
+def gil_wait(frames: list[str]) -> bool:
+    """Whether a `--native` stack waits for the GIL: below its last Python frame, one of CPython's GIL takers, or
+    a bare `pthread_cond_timedwait` (take_gil's wait) that is no lock's or Condition's (PyThread_acquire_lock) and
+    no CUDA driver's. Without native frames (py-spy's default) nothing counts."""
+    last = max((i for i, f in enumerate(frames) if _is_python(f)), default=-1)
+    native = frames[last + 1:]
+    if any(f.strip().startswith(_GIL_TAKERS) for f in native):
+        return True
+    return (any(f.strip().startswith("pthread_cond_timedwait") for f in native)
+            and not any("acquire_lock" in f or "libcuda" in f for f in native))
 
 
 def parse(text: str) -> dict[str, Thread]:
@@ -61,6 +85,9 @@ def parse(text: str) -> dict[str, Thread]:
             thread.inclusive[name] += int(count)
         if frames:
             thread.leaf[frames[-1]] += int(count)
+        if gil_wait(parts[1:]):
+            waiting_in = next((function(f) for f in reversed(parts[1:]) if _is_python(f)), "(native)")
+            thread.gil_waits[waiting_in] += int(count)
     return threads
 
 
@@ -75,6 +102,9 @@ def report(path: Path, top: int, min_samples: int) -> list[str]:
         lines += [f"   {n / t.samples:7.1%}  {name}" for name, n in t.inclusive.most_common(top)]
         lines.append("   leaf:")
         lines += [f"   {n / t.samples:7.1%}  {name}" for name, n in t.leaf.most_common(top)]
+        if waits := sum(t.gil_waits.values()):
+            lines.append(f"   waiting for the GIL: {waits / t.samples:.1%} of the samples, in:")
+            lines += [f"   {n / t.samples:7.1%}  {name}" for name, n in t.gil_waits.most_common(top)]
     return lines
 
 
