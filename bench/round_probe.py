@@ -9,6 +9,11 @@
   stamped in the engine process when a step's outputs are made, so its mean over the round is the engine's step
   cadence as each request saw it, before any detokenizing, HTTP or client. The client's TPOT minus it is the
   delivery's share.
+- **The engine's steps**: vLLM's `vllm:iteration_tokens_total` histogram (tokens scheduled per step, both systems):
+  steps per second, tokens per step, and the share of steps over 64 tokens. At the bench's load (prompts of ~190
+  tokens: the generated models' tokenizer is byte-level; at most 64 requests in flight) a step carries more than 64
+  tokens exactly when a prefill is in it. Such a mixed step runs chat's piecewise graph, not the full one, so two
+  systems at the same arrival rate can differ in how many of their steps pay for it.
 """
 
 from __future__ import annotations
@@ -19,9 +24,12 @@ from typing import NamedTuple
 import httpx
 
 from bench.procs import read_stat, stat_fields
-from bench.prom import totals
+from bench.prom import labelled, totals
 
 ITL = "vllm:inter_token_latency_seconds"
+STEPS = "vllm:iteration_tokens_total"
+# The histogram bound that splits the bench's decode-only steps from those with a prefill (see the docstring).
+PREFILL_CUT = 64
 
 
 def _label(pid: str) -> str:
@@ -112,16 +120,47 @@ def cpu_split(before: dict[int, dict], after: dict[int, dict], duration_s: float
     return sorted(out, key=lambda p: -p["cpu_pct"])
 
 
-def engine_itl(base_url: str) -> tuple[float, float] | None:
-    """(sum, count) of the server's inter-token latency histogram so far; None where /metrics lacks it."""
+class EngineCounts(NamedTuple):
+    """The server's engine histograms so far (vLLM's /metrics)."""
+
+    itl_sum_s: float
+    itl_count: float
+    steps: float
+    tokens: float
+    small_steps: float  # steps of at most PREFILL_CUT tokens
+
+
+def engine_counts(base_url: str) -> EngineCounts | None:
+    """The engine's histograms from one /metrics scrape; None where it fails or lacks them."""
     try:
-        text = httpx.get(f"{base_url}/metrics", timeout=30).text
+        return parse_engine_counts(httpx.get(f"{base_url}/metrics", timeout=30).text)
     except httpx.HTTPError:
         return None
+
+
+def parse_engine_counts(text: str) -> EngineCounts | None:
+    """The engine's histograms in a /metrics text; None where it lacks them."""
     found = totals(text)
-    if f"{ITL}_count" not in found:
+    if f"{ITL}_count" not in found or f"{STEPS}_count" not in found:
         return None
-    return found[f"{ITL}_sum"], found[f"{ITL}_count"]
+    return EngineCounts(found[f"{ITL}_sum"], found[f"{ITL}_count"], found[f"{STEPS}_count"], found[f"{STEPS}_sum"],
+                        labelled(text, f"{STEPS}_bucket", le=f"{float(PREFILL_CUT)}"))
+
+
+def engine_figures(before: EngineCounts | None, after: EngineCounts | None, duration_s: float) -> dict[str, float]:
+    """The round's engine ITL mean (ms), steps per second, tokens per step and % of steps over PREFILL_CUT tokens;
+    NaN where either scrape failed or nothing was stepped."""
+    nan = float("nan")
+    out = {"engine_itl_mean_ms": nan, "engine_steps_per_s": nan, "engine_tokens_per_step": nan,
+           "engine_steps_over_cut_pct": nan}
+    if before is None or after is None:
+        return out
+    out["engine_itl_mean_ms"] = itl_mean_ms((before.itl_sum_s, before.itl_count), (after.itl_sum_s, after.itl_count))
+    if (steps := after.steps - before.steps) > 0:
+        out["engine_steps_per_s"] = steps / duration_s
+        out["engine_tokens_per_step"] = (after.tokens - before.tokens) / steps
+        out["engine_steps_over_cut_pct"] = 100 * (1 - (after.small_steps - before.small_steps) / steps)
+    return out
 
 
 def itl_mean_ms(before: tuple[float, float] | None, after: tuple[float, float] | None) -> float:

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from bench.load import percentile, run_load, summarize
 from bench.procs import Proc, free_port, group_cpu_s, machine_busy_s, stop_all, wait_gpus_free, wait_http_ok
-from bench.round_probe import cpu_split, engine_itl, itl_mean_ms, process_cpu, split_line
+from bench.round_probe import PREFILL_CUT, cpu_split, engine_counts, engine_figures, process_cpu, split_line
 
 # Starts a system's processes: (args, model dir, port) -> (processes, the URL that answers 200 once ready).
 Starter = Callable[[argparse.Namespace, Path, int], tuple[list[Proc], str]]
@@ -100,10 +100,10 @@ def one_round(name: str, base_url: str, index: int, args: argparse.Namespace, pr
               served_name: str) -> dict:
     """The system's `index`-th round of the load, with the CPU used meanwhile by it, by the idle system, by this
     client and by everything else ("foreign"; 100 % = one core for the whole round); the system's CPU by process
-    and its engine's own inter-token latency (bench/round_probe.py)."""
+    and its engine's own inter-token latency and steps (bench/round_probe.py)."""
     idle = [p.pid for n, ps in procs.items() if n != name for p in ps]
     mine = [p.pid for p in procs[name]]
-    itl_before = engine_itl(base_url)
+    engine_before = engine_counts(base_url)
     by_process = process_cpu(mine)
     before = (machine_busy_s(), _total_cpu_s(by_process), group_cpu_s(idle), _client_cpu_s())
     results, duration_s = asyncio.run(run_load(base_url, served_name, num_requests=args.num_requests,
@@ -114,14 +114,14 @@ def one_round(name: str, base_url: str, index: int, args: argparse.Namespace, pr
     after = (machine_busy_s(), _total_cpu_s(by_process_after), group_cpu_s(idle), _client_cpu_s())
     split = cpu_split(by_process, by_process_after, duration_s)
     machine, server, idle_s, client = (a - b for a, b in zip(after, before, strict=True))
-    engine_itl_ms = itl_mean_ms(itl_before, engine_itl(base_url))
+    engine = engine_figures(engine_before, engine_counts(base_url), duration_s)
     for ps in procs.values():
         for p in ps:
             p.check_running()
     return {**summarize(results, duration_s), "system": name, "servers_cpu_pct": 100 * server / duration_s,
             "idle_cpu_pct": 100 * idle_s / duration_s, "client_cpu_pct": 100 * client / duration_s,
             "foreign_cpu_pct": 100 * (machine - server - idle_s - client) / duration_s,
-            "cpu_by_process": split, "engine_itl_mean_ms": engine_itl_ms}
+            "cpu_by_process": split, **engine}
 
 
 def _total_cpu_s(by_process: dict[int, dict]) -> float:
@@ -295,6 +295,9 @@ def round_line(number: int, r: dict) -> str:
             f"{r['servers_cpu_pct']:.0f}, idle system {r['idle_cpu_pct']:.0f}, client {r['client_cpu_pct']:.0f}, "
             f"foreign {r['foreign_cpu_pct']:.0f}; "
             f"{'settled' if r['settled'] else 'NOT settled'} after {r['settle_s']:.1f} s"
+            + (f"\n    engine: {r['engine_steps_per_s']:.0f} steps/s, {r['engine_tokens_per_step']:.1f} tokens a step, "
+               f"{r['engine_steps_over_cut_pct']:.1f}% of steps over {PREFILL_CUT} tokens"
+               if math.isfinite(r.get("engine_steps_per_s", math.nan)) else "")
             + (f"\n    CPU by process: {split_line(r['cpu_by_process'])}" if r.get("cpu_by_process") else ""))
 
 

@@ -1,11 +1,22 @@
-"""bench/round_probe.py: CPU by process and thread over a round, and the engine's inter-token latency from two
-scrapes."""
+"""bench/round_probe.py: CPU by process and thread over a round, and the engine's inter-token latency and steps from
+two scrapes."""
 
 import math
 import os
 import time
 
-from bench.round_probe import ThreadSample, cpu_split, itl_mean_ms, process_cpu, split_line
+import pytest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from bench.round_probe import (
+    ThreadSample,
+    cpu_split,
+    engine_figures,
+    itl_mean_ms,
+    parse_engine_counts,
+    process_cpu,
+    split_line,
+)
 
 
 def cpu(seconds: float, sys_s: float = 0.0, wait_s: float = 0.0, faults: int = 0, preempted: int = 0) -> ThreadSample:
@@ -50,3 +61,33 @@ def test_the_itl_mean_is_the_rounds_own_tokens() -> None:
     assert itl_mean_ms((1.0, 100), (3.0, 1100)) == 2.0
     assert math.isnan(itl_mean_ms(None, (3.0, 1100)))
     assert math.isnan(itl_mean_ms((1.0, 100), (1.0, 100)))  # no token came
+
+
+def _metrics_text(steps: list[int], itls_s: list[float]) -> str:
+    """A /metrics text as vLLM's Prometheus logger writes these two histograms (its buckets, its labels)."""
+    registry = CollectorRegistry()
+    labels = {"model_name": "m", "engine": "0"}
+    tokens = Histogram("vllm:iteration_tokens_total", "tokens per engine step", list(labels),
+                       buckets=[1, 8, 16, 32, 64, 128, 256, 512], registry=registry).labels(**labels)
+    itl = Histogram("vllm:inter_token_latency_seconds", "ITL", list(labels), buckets=[0.01, 0.1],
+                    registry=registry).labels(**labels)
+    for n in steps:
+        tokens.observe(n)
+    for s in itls_s:
+        itl.observe(s)
+    return generate_latest(registry).decode()
+
+
+def test_engine_figures_count_the_rounds_own_steps() -> None:
+    before = parse_engine_counts(_metrics_text([20, 20, 100], [0.002] * 10))
+    after = parse_engine_counts(_metrics_text([20, 20, 100, 30, 30, 30, 90], [0.002] * 10 + [0.003] * 20))
+    assert before is not None and after is not None
+    assert (before.steps, before.tokens, before.small_steps) == (3, 140, 2)
+    figures = engine_figures(before, after, duration_s=2.0)
+    assert figures["engine_steps_per_s"] == 2.0  # 4 steps in 2 s
+    assert figures["engine_tokens_per_step"] == 45.0  # (3 × 30 + 90) / 4
+    assert figures["engine_steps_over_cut_pct"] == 25.0  # the 90, over PREFILL_CUT
+    assert figures["engine_itl_mean_ms"] == pytest.approx(3.0)
+    assert parse_engine_counts("# no engine here\n") is None
+    assert all(math.isnan(v) for v in engine_figures(None, after, 2.0).values())
+    assert math.isnan(engine_figures(after, after, 2.0)["engine_steps_per_s"])  # nothing stepped
