@@ -3,7 +3,9 @@
 - **CPU by process**: each process of the system's groups, its share of a core over the round and that of its
   busiest thread. A Python process whose busiest thread nears 100% is bound by one GIL: it paces what passes
   through it, whatever the GPU could do. For that thread also what can slow it at the same share of a core: time
-  in the kernel, time runnable but waiting for a core (the scheduler's run queue), page faults and preemptions.
+  in the kernel, time runnable but waiting for a core (the scheduler's run queue), page faults, preemptions, and
+  how often it blocked (voluntary switches: each wait that slept, for the GIL among them; an engine thread that
+  hands the GIL to another thread of its process every step blocks more often than one that does not).
 - **The engine's own inter-token latency**: vLLM's `vllm:inter_token_latency_seconds` histogram, which both
   systems export on /metrics (ours from its processor process). vLLM times it by `EngineCoreOutputs.timestamp`,
   stamped in the engine process when a step's outputs are made, so its mean over the round is the engine's step
@@ -54,6 +56,7 @@ class ThreadSample(NamedTuple):
     wait_s: float  # runnable, waiting on the run queue for a core (schedstat; 0 where the kernel keeps none)
     faults: int  # minor page faults
     preempted: int  # involuntary context switches
+    blocked: int  # voluntary context switches: each wait (for the GIL, a lock, the GPU, a socket) that slept
 
 
 def thread_sample(task: str, tick: float) -> ThreadSample | None:
@@ -62,7 +65,7 @@ def thread_sample(task: str, tick: float) -> ThreadSample | None:
         return None
     try:
         with open(f"{task}/status") as f:
-            preempted = next((int(line.split()[1]) for line in f if line.startswith("nonvoluntary_ctxt")), 0)
+            switches = {k: int(v) for k, _, v in (line.partition(":\t") for line in f) if k.endswith("ctxt_switches")}
     except OSError:
         return None
     try:
@@ -71,7 +74,7 @@ def thread_sample(task: str, tick: float) -> ThreadSample | None:
     except (OSError, IndexError, ValueError):
         wait_s = 0.0
     return ThreadSample((int(fields[11]) + int(fields[12])) / tick, int(fields[12]) / tick, wait_s, int(fields[7]),
-                        preempted)
+                        switches.get("nonvoluntary_ctxt_switches", 0), switches.get("voluntary_ctxt_switches", 0))
 
 
 def process_cpu(pgids: list[int]) -> dict[int, dict]:
@@ -99,12 +102,13 @@ def process_cpu(pgids: list[int]) -> dict[int, dict]:
     return out
 
 
-_NONE = ThreadSample(0.0, 0.0, 0.0, 0, 0)
+_NONE = ThreadSample(0.0, 0.0, 0.0, 0, 0, 0)
 
 
 def cpu_split(before: dict[int, dict], after: dict[int, dict], duration_s: float) -> list[dict]:
     """Per process alive at both ends: CPU % and its busiest thread's over the round (100 = one core), busiest
-    process first; for that thread also its kernel %, run-queue wait %, page faults and preemptions per second."""
+    process first; for that thread also its kernel %, run-queue wait %, page faults, preemptions and blocks per
+    second."""
     out = []
     for pid, a in after.items():
         if (b := before.get(pid)) is None:
@@ -116,7 +120,8 @@ def cpu_split(before: dict[int, dict], after: dict[int, dict], duration_s: float
                     "top_thread_pct": 100 * top.cpu_s / duration_s, "top_thread_sys_pct": 100 * top.sys_s / duration_s,
                     "top_thread_wait_pct": 100 * top.wait_s / duration_s,
                     "top_thread_faults_per_s": top.faults / duration_s,
-                    "top_thread_preempted_per_s": top.preempted / duration_s})
+                    "top_thread_preempted_per_s": top.preempted / duration_s,
+                    "top_thread_blocked_per_s": top.blocked / duration_s})
     return sorted(out, key=lambda p: -p["cpu_pct"])
 
 
@@ -172,12 +177,13 @@ def itl_mean_ms(before: tuple[float, float] | None, after: tuple[float, float] |
 
 def split_line(split: list[dict], limit: int = 5) -> str:
     """'label cpu% (top thread%)' for the busiest processes; for the busiest one's top thread also its kernel
-    share, run-queue wait, page faults and preemptions."""
+    share, run-queue wait, page faults, preemptions and blocks."""
     parts = []
     for i, p in enumerate(p for p in split[:limit] if p["cpu_pct"] >= 1):
         more = ""
         if i == 0:
             more = (f": sys {p['top_thread_sys_pct']:.0f}%, run-queue wait {p['top_thread_wait_pct']:.1f}%, "
-                    f"{p['top_thread_faults_per_s']:.0f} faults/s, {p['top_thread_preempted_per_s']:.0f} preempted/s")
+                    f"{p['top_thread_faults_per_s']:.0f} faults/s, {p['top_thread_preempted_per_s']:.0f} preempted/s, "
+                    f"{p['top_thread_blocked_per_s']:.0f} blocked/s")
         parts.append(f"{p['label']} {p['cpu_pct']:.0f}% (top thread {p['top_thread_pct']:.0f}%{more})")
     return ", ".join(parts)

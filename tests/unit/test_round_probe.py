@@ -19,18 +19,19 @@ from bench.round_probe import (
 )
 
 
-def cpu(seconds: float, sys_s: float = 0.0, wait_s: float = 0.0, faults: int = 0, preempted: int = 0) -> ThreadSample:
-    return ThreadSample(seconds, sys_s, wait_s, faults, preempted)
+def cpu(seconds: float, sys_s: float = 0.0, wait_s: float = 0.0, faults: int = 0, preempted: int = 0,
+        blocked: int = 0) -> ThreadSample:
+    return ThreadSample(seconds, sys_s, wait_s, faults, preempted, blocked)
 
 
 def test_the_split_is_per_process_with_its_busiest_thread() -> None:
     before = {10: {"label": "frontend", "cpu_s": 5.0, "threads": {10: cpu(4.0), 11: cpu(1.0)}},
-              20: {"label": "VLLM::EngineCore", "cpu_s": 1.0, "threads": {20: cpu(1.0, 0.5, 0.1, 100, 7)}},
+              20: {"label": "VLLM::EngineCore", "cpu_s": 1.0, "threads": {20: cpu(1.0, 0.5, 0.1, 100, 7, 50)}},
               30: {"label": "gone", "cpu_s": 1.0, "threads": {30: cpu(1.0)}}}
     after = {10: {"label": "frontend", "cpu_s": 6.0, "threads": {10: cpu(4.9), 11: cpu(1.1)}},
              # 21 started meanwhile: all its counters are the round's
              20: {"label": "VLLM::EngineCore", "cpu_s": 2.5,
-                  "threads": {20: cpu(2.0, 0.6, 0.3, 300, 27), 21: cpu(0.5)}},
+                  "threads": {20: cpu(2.0, 0.6, 0.3, 300, 27, 850), 21: cpu(0.5)}},
              40: {"label": "new", "cpu_s": 9.0, "threads": {40: cpu(9.0)}}}
     split = cpu_split(before, after, duration_s=2.0)
     assert [p["label"] for p in split] == ["VLLM::EngineCore", "frontend"]  # busiest first; 30 and 40 not at both
@@ -38,9 +39,10 @@ def test_the_split_is_per_process_with_its_busiest_thread() -> None:
     assert engine["cpu_pct"] == 75.0 and engine["top_thread_pct"] == 50.0
     assert round(engine["top_thread_sys_pct"]) == 5 and round(engine["top_thread_wait_pct"]) == 10
     assert engine["top_thread_faults_per_s"] == 100 and engine["top_thread_preempted_per_s"] == 10
+    assert engine["top_thread_blocked_per_s"] == 400
     assert round(split[1]["cpu_pct"]) == 50 and round(split[1]["top_thread_pct"]) == 45
     assert split_line(split) == ("VLLM::EngineCore 75% (top thread 50%: sys 5%, run-queue wait 10.0%, 100 faults/s, "
-                                 "10 preempted/s), frontend 50% (top thread 45%)")
+                                 "10 preempted/s, 400 blocked/s), frontend 50% (top thread 45%)")
 
 
 def test_this_process_is_found_by_its_group_and_its_cpu_grows() -> None:
@@ -48,12 +50,14 @@ def test_this_process_is_found_by_its_group_and_its_cpu_grows() -> None:
     before = process_cpu([os.getpgrp()])
     assert me in before and before[me]["label"]
     assert before[me]["threads"]  # at least the main thread
+    time.sleep(0.01)  # a wait that sleeps: one voluntary switch at least
     deadline = time.process_time() + 0.2
     while time.process_time() < deadline:
         pass
     after = process_cpu([os.getpgrp()])
     mine = next(p for p in cpu_split(before, after, 1.0) if p["pid"] == me)
     assert mine["cpu_pct"] >= 10 and mine["top_thread_pct"] >= 10
+    assert mine["top_thread_blocked_per_s"] >= 1
     assert mine["top_thread_sys_pct"] >= 0 and mine["top_thread_wait_pct"] >= 0 and mine["top_thread_faults_per_s"] >= 0
 
 
