@@ -36,6 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.load import percentile, run_load, summarize
+from bench.perf_counters import close_all, open_main_threads
 from bench.procs import Proc, free_port, group_cpu_s, machine_busy_s, stop_all, wait_gpus_free, wait_http_ok
 from bench.round_probe import PREFILL_CUT, cpu_split, engine_counts, engine_figures, process_cpu, split_line
 
@@ -105,16 +106,19 @@ def one_round(name: str, base_url: str, index: int, args: argparse.Namespace, pr
     mine = [p.pid for p in procs[name]]
     engine_before = engine_counts(base_url)
     by_process = process_cpu(mine)
+    cycles = open_main_threads(list(by_process))
     before = (machine_busy_s(), _total_cpu_s(by_process), group_cpu_s(idle), _client_cpu_s())
     results, duration_s = asyncio.run(run_load(base_url, served_name, num_requests=args.num_requests,
                                                concurrency=args.concurrency, max_tokens=args.max_tokens,
                                                first_index=FIRST_INDEX + index * args.num_requests,
                                                min_tokens=args.min_tokens, request_rate=args.request_rate))
     by_process_after = process_cpu(mine)
+    cycles_after = close_all(cycles)
     after = (machine_busy_s(), _total_cpu_s(by_process_after), group_cpu_s(idle), _client_cpu_s())
     split = cpu_split(by_process, by_process_after, duration_s)
     machine, server, idle_s, client = (a - b for a, b in zip(after, before, strict=True))
     engine = engine_figures(engine_before, engine_counts(base_url), duration_s)
+    engine.update(main_thread_cycles(split, cycles_after, engine["engine_steps_per_s"] * duration_s))
     for ps in procs.values():
         for p in ps:
             p.check_running()
@@ -122,6 +126,16 @@ def one_round(name: str, base_url: str, index: int, args: argparse.Namespace, pr
             "idle_cpu_pct": 100 * idle_s / duration_s, "client_cpu_pct": 100 * client / duration_s,
             "foreign_cpu_pct": 100 * (machine - server - idle_s - client) / duration_s,
             "cpu_by_process": split, **engine}
+
+
+def main_thread_cycles(split: list[dict], cycles: dict, steps: float) -> dict[str, float]:
+    """Instructions per cycle of the busiest process's main thread (both systems' engine loop) over the round, and
+    its instructions a step (bench/perf_counters.py); NaN where the machine has no hardware counters."""
+    top = cycles.get(split[0]["pid"]) if split else None
+    if top is None or not top.cycles:
+        return {"engine_ipc": math.nan, "engine_instructions_per_step": math.nan}
+    return {"engine_ipc": top.instructions / top.cycles,
+            "engine_instructions_per_step": top.instructions / steps if steps > 0 else math.nan}
 
 
 def _total_cpu_s(by_process: dict[int, dict]) -> float:
@@ -297,6 +311,9 @@ def round_line(number: int, r: dict) -> str:
             f"{'settled' if r['settled'] else 'NOT settled'} after {r['settle_s']:.1f} s"
             + (f"\n    engine: {r['engine_steps_per_s']:.0f} steps/s, {r['engine_tokens_per_step']:.1f} tokens a step, "
                f"{r['engine_steps_over_cut_pct']:.1f}% of steps over {PREFILL_CUT} tokens"
+               + (f"; engine thread {r['engine_ipc']:.2f} instructions a cycle, "
+                  f"{r['engine_instructions_per_step'] / 1e6:.1f} M a step"
+                  if math.isfinite(r.get("engine_ipc", math.nan)) else "")
                if math.isfinite(r.get("engine_steps_per_s", math.nan)) else "")
             + (f"\n    CPU by process: {split_line(r['cpu_by_process'])}" if r.get("cpu_by_process") else ""))
 
