@@ -159,9 +159,12 @@ spy() {
   samples=$(cd "$out" && ls spy-*.txt spy-*.log | grep -v '^spy-split.txt$' || true)
   [ -n "$samples" ] && (cd "$out" && tar czf spy.tgz $samples && rm -f $samples) || true
 }
-# With the host's transparent-huge-page mode: under "always" a fault after a malloc_trim can zero 2 MiB, not 4 KiB.
+# With the host's transparent-huge-page mode (under "always" a fault after a malloc_trim can zero 2 MiB, not 4 KiB)
+# and whether it has hardware counters (the rounds' instructions a step, bench/perf_counters.py: a `cpu` PMU).
 { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-  echo "thp: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null || echo unknown)"; } | tee "$out/gpu.txt"
+  echo "thp: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null || echo unknown)"
+  echo "pmu: $(ls /sys/bus/event_source/devices 2>/dev/null | tr '\n' ' ')paranoid $(cat /proc/sys/kernel/perf_event_paranoid 2>/dev/null || echo ?)"
+} | tee "$out/gpu.txt"
 case "${1:-tests}" in
   tests)  # one device call: SIGINT at ${SUITE_S:-510} s makes pytest stop and still print its summary line
     started=$(date +%s)
