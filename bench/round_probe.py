@@ -144,12 +144,13 @@ def engine_counts(base_url: str) -> EngineCounts | None:
 
 
 def parse_engine_counts(text: str) -> EngineCounts | None:
-    """The engine's histograms in a /metrics text; None where it lacks them."""
+    """The engine's histograms in a /metrics text; None where it lacks the inter-token latency (the steps count as
+    none where only they are missing)."""
     found = totals(text)
-    if f"{ITL}_count" not in found or f"{STEPS}_count" not in found:
+    if f"{ITL}_count" not in found:
         return None
-    return EngineCounts(found[f"{ITL}_sum"], found[f"{ITL}_count"], found[f"{STEPS}_count"], found[f"{STEPS}_sum"],
-                        labelled(text, f"{STEPS}_bucket", le=f"{float(PREFILL_CUT)}"))
+    return EngineCounts(found[f"{ITL}_sum"], found[f"{ITL}_count"], found.get(f"{STEPS}_count", 0.0),
+                        found.get(f"{STEPS}_sum", 0.0), labelled(text, f"{STEPS}_bucket", le=f"{float(PREFILL_CUT)}"))
 
 
 def engine_figures(before: EngineCounts | None, after: EngineCounts | None, duration_s: float) -> dict[str, float]:

@@ -93,5 +93,8 @@ def test_engine_figures_count_the_rounds_own_steps() -> None:
     assert figures["engine_steps_over_cut_pct"] == 25.0  # the 90, over PREFILL_CUT
     assert figures["engine_itl_mean_ms"] == pytest.approx(3.0)
     assert parse_engine_counts("# no engine here\n") is None
+    itl_only = parse_engine_counts(_metrics_text([], [0.002]).replace("vllm:iteration_tokens_total", "other"))
+    assert itl_only is not None and itl_only.steps == 0
+    assert math.isnan(engine_figures(itl_only, itl_only, 2.0)["engine_steps_per_s"])
     assert all(math.isnan(v) for v in engine_figures(None, after, 2.0).values())
     assert math.isnan(engine_figures(after, after, 2.0)["engine_steps_per_s"])  # nothing stepped
