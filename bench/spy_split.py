@@ -5,9 +5,8 @@ Reads what `py-spy record --threads -f raw` writes (with or without `--subproces
 per distinct stack, `[process PID:"CMD";]thread (TID): NAME;func (file:line);...;func (file:line) COUNT`; a
 subprocess's stacks start with its parents' `process` frames, and the thread is the last process's. With
 `--native --idle`, also each thread's share of samples waiting for the GIL, by the Python function it waits in.
-Written for
-issue 43's question, where an engine process spends a decode step's host time that `vllm serve`'s does not:
-`scripts/gpu_check.sh bench-serving-rounds` with SPY_S samples both servers and runs this on each file.
+Written for issue 43's question, where an engine process spends a decode step's host time that `vllm serve`'s does
+not: `scripts/gpu_check.sh bench-serving-rounds` with SPY_S samples both servers and runs this on each file.
 
     python -m bench.spy_split spy-ours.txt spy-vllm.txt [--top 15] [--min-samples 50]
 """
@@ -45,6 +44,9 @@ def function(frame: str) -> str:
 
 # Where CPython takes the GIL back (exported names; take_gil itself is static and often unwound as its caller).
 _GIL_TAKERS = ("take_gil", "PyEval_RestoreThread", "PyEval_AcquireThread", "PyGILState_Ensure")
+# Callers whose `pthread_cond_timedwait` is take_gil's, inlined: the interpreter, a Cython or C extension module
+# coming back from a call that released the GIL, torch's Python bindings (pybind11's GIL guards).
+_GIL_CALLERS = ("libpython", "(python3", ".cpython-", ".abi3.so", "libtorch_python", "gil")
 
 
 def _is_python(frame: str) -> bool:
@@ -52,15 +54,19 @@ def _is_python(frame: str) -> bool:
 
 
 def gil_wait(frames: list[str]) -> bool:
-    """Whether a `--native` stack waits for the GIL: below its last Python frame, one of CPython's GIL takers, or
-    a bare `pthread_cond_timedwait` (take_gil's wait) that is no lock's or Condition's (PyThread_acquire_lock) and
-    no CUDA driver's. Without native frames (py-spy's default) nothing counts."""
+    """Whether a `--native` stack waits for the GIL: below its last Python frame, one of CPython's GIL takers, or a
+    `pthread_cond_timedwait` called from the interpreter, an extension module or torch's bindings, and not by a
+    Python lock's wait (PyThread_acquire_lock). A wait called from the CUDA driver or a C++ library's own condition
+    variable is not the GIL's. Without native frames (py-spy's default) nothing counts."""
     last = max((i for i, f in enumerate(frames) if _is_python(f)), default=-1)
-    native = frames[last + 1:]
-    if any(f.strip().startswith(_GIL_TAKERS) for f in native):
+    native = [f.strip() for f in frames[last + 1:]]
+    if any(f.startswith(_GIL_TAKERS) for f in native):
         return True
-    return (any(f.strip().startswith("pthread_cond_timedwait") for f in native)
-            and not any("acquire_lock" in f or "libcuda" in f for f in native))
+    waits = [i for i, f in enumerate(native) if f.startswith("pthread_cond_timedwait")]
+    if not waits:
+        return False
+    caller = native[waits[0] - 1] if waits[0] > 0 else ""  # right under a Python frame: the interpreter's own
+    return "acquire_lock" not in caller and (not caller or any(c in caller for c in _GIL_CALLERS))
 
 
 def parse(text: str) -> dict[str, Thread]:
