@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import NamedTuple
 
@@ -188,3 +189,16 @@ def split_line(split: list[dict], limit: int = 5) -> str:
                     f"{p['top_thread_blocked_per_s']:.0f} blocked/s")
         parts.append(f"{p['label']} {p['cpu_pct']:.0f}% (top thread {p['top_thread_pct']:.0f}%{more})")
     return ", ".join(parts)
+
+
+def engine_line(r: dict) -> str:
+    """The round's engine steps, and its engine thread's instructions where the machine counts them; empty where
+    no steps were counted."""
+    if not math.isfinite(r["engine_steps_per_s"]):
+        return ""
+    line = (f"{r['engine_steps_per_s']:.0f} steps/s, {r['engine_tokens_per_step']:.1f} tokens a step, "
+            f"{r['engine_steps_over_cut_pct']:.1f}% of steps over {PREFILL_CUT} tokens")
+    if math.isfinite(r["engine_ipc"]):
+        line += (f"; engine thread {r['engine_ipc']:.2f} instructions a cycle, "
+                 f"{r['engine_instructions_per_step'] / 1e6:.1f} M a step")
+    return line

@@ -38,7 +38,7 @@ from pathlib import Path
 from bench.load import percentile, run_load, summarize
 from bench.perf_counters import close_all, open_main_threads
 from bench.procs import Proc, free_port, group_cpu_s, machine_busy_s, stop_all, wait_gpus_free, wait_http_ok
-from bench.round_probe import PREFILL_CUT, cpu_split, engine_counts, engine_figures, process_cpu, split_line
+from bench.round_probe import cpu_split, engine_counts, engine_figures, engine_line, process_cpu, split_line
 
 # Starts a system's processes: (args, model dir, port) -> (processes, the URL that answers 200 once ready).
 Starter = Callable[[argparse.Namespace, Path, int], tuple[list[Proc], str]]
@@ -309,12 +309,7 @@ def round_line(number: int, r: dict) -> str:
             f"{r['servers_cpu_pct']:.0f}, idle system {r['idle_cpu_pct']:.0f}, client {r['client_cpu_pct']:.0f}, "
             f"foreign {r['foreign_cpu_pct']:.0f}; "
             f"{'settled' if r['settled'] else 'NOT settled'} after {r['settle_s']:.1f} s"
-            + (f"\n    engine: {r['engine_steps_per_s']:.0f} steps/s, {r['engine_tokens_per_step']:.1f} tokens a step, "
-               f"{r['engine_steps_over_cut_pct']:.1f}% of steps over {PREFILL_CUT} tokens"
-               + (f"; engine thread {r['engine_ipc']:.2f} instructions a cycle, "
-                  f"{r['engine_instructions_per_step'] / 1e6:.1f} M a step"
-                  if math.isfinite(r.get("engine_ipc", math.nan)) else "")
-               if math.isfinite(r.get("engine_steps_per_s", math.nan)) else "")
+            + (f"\n    engine: {line}" if (line := engine_line(r)) else "")
             + (f"\n    CPU by process: {split_line(r['cpu_by_process'])}" if r.get("cpu_by_process") else ""))
 
 

@@ -12,6 +12,7 @@ from bench.round_probe import (
     ThreadSample,
     cpu_split,
     engine_figures,
+    engine_line,
     itl_mean_ms,
     parse_engine_counts,
     process_cpu,
@@ -98,3 +99,13 @@ def test_engine_figures_count_the_rounds_own_steps() -> None:
     assert math.isnan(engine_figures(itl_only, itl_only, 2.0)["engine_steps_per_s"])
     assert all(math.isnan(v) for v in engine_figures(None, after, 2.0).values())
     assert math.isnan(engine_figures(after, after, 2.0)["engine_steps_per_s"])  # nothing stepped
+
+
+def test_the_engine_line_names_the_instructions_only_where_counted() -> None:
+    nan = math.nan
+    r = {"engine_steps_per_s": 395.2, "engine_tokens_per_step": 21.34, "engine_steps_over_cut_pct": 14.06,
+         "engine_ipc": nan, "engine_instructions_per_step": nan}
+    assert engine_line(r) == "395 steps/s, 21.3 tokens a step, 14.1% of steps over 64 tokens"
+    r |= {"engine_ipc": 1.234, "engine_instructions_per_step": 12.3e6}
+    assert engine_line(r).endswith("; engine thread 1.23 instructions a cycle, 12.3 M a step")
+    assert engine_line({**r, "engine_steps_per_s": nan}) == ""
