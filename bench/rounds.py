@@ -39,6 +39,7 @@ from bench.load import percentile, run_load, summarize
 from bench.perf_counters import close_all, open_main_threads
 from bench.procs import Proc, free_port, group_cpu_s, machine_busy_s, stop_all, wait_gpus_free, wait_http_ok
 from bench.round_probe import cpu_split, engine_counts, engine_figures, engine_line, process_cpu, split_line
+from bench.step_log import FLUSH_S, NO_STEPS, equal_batch_ratio, round_steps, steps_line, system_dir
 
 # Starts a system's processes: (args, model dir, port) -> (processes, the URL that answers 200 once ready).
 Starter = Callable[[argparse.Namespace, Path, int], tuple[list[Proc], str]]
@@ -49,9 +50,12 @@ WarmUp = Callable[[str, str, argparse.Namespace], list[float]]
 # a pair, new ones in every round (the prefix cache must not skip a later round's prefill), all of one digit count
 # (the prompts' token counts match across rounds). The warm-up's prompts start at 1,000,000 (bench.serving).
 FIRST_INDEX = 10_000_000
+# The pair's decode-only step ratio at equal batch sizes (bench/step_log.py), from its rounds' step logs.
+EQUAL_BATCH = "step_decode_equal_batch"
 RATIO_KEYS = (("requests/s", "req_per_s"), ("output tok/s", "output_tok_per_s"), ("TPOT p50", "tpot_p50_ms"),
               ("TTFT p50", "ttft_p50_ms"), ("e2e p50", "e2e_p50_ms"), ("in decode", "decoding_mean"),
-              ("TPOT mean", "tpot_mean_ms"), ("engine ITL", "engine_itl_mean_ms"))
+              ("TPOT mean", "tpot_mean_ms"), ("engine ITL", "engine_itl_mean_ms"),
+              ("step decode", "step_decode_ms"), ("step mixed", "step_mixed_ms"), ("step eq.batch", EQUAL_BATCH))
 
 
 def round_order(first: str, second: str, pairs: int) -> list[tuple[int, str]]:
@@ -108,10 +112,12 @@ def one_round(name: str, base_url: str, index: int, args: argparse.Namespace, pr
     by_process = process_cpu(mine)
     cycles = open_main_threads(list(by_process))
     before = (machine_busy_s(), _total_cpu_s(by_process), group_cpu_s(idle), _client_cpu_s())
+    started_at = time.time()
     results, duration_s = asyncio.run(run_load(base_url, served_name, num_requests=args.num_requests,
                                                concurrency=args.concurrency, max_tokens=args.max_tokens,
                                                first_index=FIRST_INDEX + index * args.num_requests,
                                                min_tokens=args.min_tokens, request_rate=args.request_rate))
+    ended_at = time.time()
     by_process_after = process_cpu(mine)
     cycles_after = close_all(cycles)
     after = (machine_busy_s(), _total_cpu_s(by_process_after), group_cpu_s(idle), _client_cpu_s())
@@ -122,7 +128,11 @@ def one_round(name: str, base_url: str, index: int, args: argparse.Namespace, pr
     for ps in procs.values():
         for p in ps:
             p.check_running()
-    return {**summarize(results, duration_s), "system": name, "servers_cpu_pct": 100 * server / duration_s,
+    steps = NO_STEPS
+    if args.step_log:
+        time.sleep(2 * FLUSH_S)  # the servers' last records of the round written out
+        steps = round_steps(system_dir(args.log_dir, name), started_at, ended_at)
+    return {**summarize(results, duration_s), **steps, "system": name, "servers_cpu_pct": 100 * server / duration_s,
             "idle_cpu_pct": 100 * idle_s / duration_s, "client_cpu_pct": 100 * client / duration_s,
             "foreign_cpu_pct": 100 * (machine - server - idle_s - client) / duration_s,
             "cpu_by_process": split, **engine}
@@ -192,8 +202,10 @@ def pair_ratios(rounds: list[dict]) -> list[dict]:
             continue  # the last pair of an interrupted run
         first = next(iter(systems))
         foreign = max(r["foreign_cpu_pct"] for r in systems.values())
+        ours, vllm = systems["ours"], systems["vllm"]
         out.append({"pair": pair, "first": first, "foreign_cpu_pct_max": foreign,
-                    **{key: systems["ours"][key] / systems["vllm"][key] for _, key in RATIO_KEYS}})
+                    **{key: ours[key] / vllm[key] for _, key in RATIO_KEYS if key != EQUAL_BATCH},
+                    EQUAL_BATCH: equal_batch_ratio(ours["step_decode_by_batch"], vllm["step_decode_by_batch"])})
     return out
 
 
@@ -310,6 +322,7 @@ def round_line(number: int, r: dict) -> str:
             f"foreign {r['foreign_cpu_pct']:.0f}; "
             f"{'settled' if r['settled'] else 'NOT settled'} after {r['settle_s']:.1f} s"
             + (f"\n    engine: {line}" if (line := engine_line(r)) else "")
+            + (f"\n    steps: {line}" if (line := steps_line(r)) else "")
             + (f"\n    CPU by process: {split_line(r['cpu_by_process'])}" if r.get("cpu_by_process") else ""))
 
 
@@ -318,10 +331,11 @@ def print_summary(summary: dict) -> None:
         print("no complete pair of rounds: no ratio")
         return
     pairs = summary["pairs"]
-    print(f"\nper pair, ours/vllm:{'':9}" + "".join(f"{label:>14}" for label, _ in RATIO_KEYS) + "  foreign CPU %")
+    shown = [(label, key) for label, key in RATIO_KEYS if any(math.isfinite(p[key]) for p in pairs)]
+    print(f"\nper pair, ours/vllm:{'':9}" + "".join(f"{label:>14}" for label, _ in shown) + "  foreign CPU %")
     for p in pairs:
         print(f"pair {p['pair'] + 1:2d} ({p['first']} first)" + " " * (12 - len(p["first"]))
-              + "".join(f"{p[key]:>14.3f}" for _, key in RATIO_KEYS) + f"{p['foreign_cpu_pct_max']:>15.0f}")
+              + "".join(f"{p[key]:>14.3f}" for _, key in shown) + f"{p['foreign_cpu_pct_max']:>15.0f}")
     print(f"\nours/vllm over {len(pairs)} pairs: median [min–max] (IQR)")
     for label, key in RATIO_KEYS:
         if (s := summary["ratios"].get(key)) is None:

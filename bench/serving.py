@@ -64,6 +64,7 @@ from bench.procs import (
     wait_gpus_free,
     wait_http_ok,
 )
+from bench.step_log import server_env
 
 SERVED_NAME = "tiny"
 SYSTEMS = ("ours", "vllm")
@@ -111,6 +112,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for `vllm serve` only (e.g. --vllm-arg=--compilation-config "
                         "--vllm-arg='{\"custom_ops\":[\"all\"]}'); repeatable")
+    p.add_argument("--step-log", action="store_true",
+                   help="with --rounds: log each engine step inside both systems (bench/step_log.py) and report each "
+                        "round's step by kind of batch and the pair's ratio at equal batch")
     p.add_argument("--rounds", type=int, default=0,
                    help="both systems up at once, N pairs of interleaved rounds A,B,B,A,... (0: one pass each)")
     p.add_argument("--settle-s", type=float, default=10.0,
@@ -127,6 +131,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--request-rate: requests/s above 0, or 0 for a closed loop")
     if args.rounds < 0:
         p.error("--rounds: 0 (one pass each) or more")
+    if args.step_log and not args.rounds:
+        p.error("--step-log reports per round: give --rounds")
     if args.rounds and sorted(args.systems) != sorted(SYSTEMS):
         p.error("--rounds compares the two systems: --systems ours,vllm or vllm,ours")
     if args.num_warmup <= 0:
@@ -148,10 +154,12 @@ def _engine_flags(args: argparse.Namespace) -> list[str]:
 
 def start_ours(args: argparse.Namespace, model_dir: Path, port: int) -> tuple[list[Proc], str]:
     address = f"ipc://{args.log_dir}/backend.ipc"
+    env = {**server_env(args.log_dir, "ours", args.step_log),
+           **dict(kv.split("=", 1) for kv in args.ours_env)}
     backend = Proc("backend", ["-m", "backend", "--model", str(model_dir), "--address", address,
                                "--generate-model", "none", "--log-level", "warning", *_engine_flags(args),
                                *args.ours_arg],
-                   args.log_dir / "ours-backend.log", env=dict(kv.split("=", 1) for kv in args.ours_env))
+                   args.log_dir / "ours-backend.log", env=env)
     frontend = Proc("frontend", ["-m", "frontend", "--backend-address", address, "--port", str(port),
                                  "--log-level", "warning"], args.log_dir / "ours-frontend.log")
     # The backend answers pings while vLLM loads; /health turns 200 only after the engine handshake.
@@ -190,6 +198,7 @@ def _vllm_fusion_on() -> bool:
 def start_vllm(args: argparse.Namespace, model_dir: Path, port: int) -> tuple[list[Proc], str]:
     env = {k: v for k, v in ENGINE_ENV_DEFAULTS.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # vLLM's own default for `vllm serve`
+    env.update(server_env(args.log_dir, "vllm", args.step_log))
     server = Proc("vllm", ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                            "--host", "127.0.0.1", "--port", str(port), "--enable-prefix-caching",
                            *_engine_flags(args),

@@ -96,7 +96,8 @@ keep_logs() {
   local dir; dir=$(ls -dt /tmp/pocserve-bench-* 2>/dev/null | head -1) || return 0
   [ -n "$dir" ] || return 0
   mkdir -p "$out/logs-$1"
-  for f in "$dir"/*.log; do [ -f "$f" ] && tail -c 300000 "$f" > "$out/logs-$1/$(basename "$f")"; done; return 0
+  for f in "$dir"/*.log; do [ -f "$f" ] && tail -c 300000 "$f" > "$out/logs-$1/$(basename "$f")"; done
+  for d in "$dir"/steps-*; do [ -d "$d" ] && cp -r "$d" "$out/logs-$1/"; done; return 0  # --step-log's records
 }
 bench_serving() {
   python3 -m bench.serving --shape qwen3-0.6b --model-dir models/qwen3-0.6b --num-requests 512 \

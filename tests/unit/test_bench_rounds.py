@@ -9,6 +9,7 @@ import pytest
 
 from bench.rounds import interval, median_interval, pair_ratios, round_order, stray_rounds, summarize_pairs
 from bench.serving import parse_args, vllm_extra_flags
+from bench.step_log import NO_STEPS
 
 
 def test_each_system_runs_first_in_every_other_pair() -> None:
@@ -21,7 +22,7 @@ def test_each_system_runs_first_in_every_other_pair() -> None:
 def _round(system: str, pair: int, req_per_s: float, tpot_ms: float) -> dict:
     return {"system": system, "pair": pair, "foreign_cpu_pct": 1.0, "req_per_s": req_per_s,
             "output_tok_per_s": 64 * req_per_s, "tpot_p50_ms": tpot_ms, "ttft_p50_ms": 100.0, "e2e_p50_ms": 500.0,
-            "decoding_mean": 32.0, "tpot_mean_ms": tpot_ms, "engine_itl_mean_ms": 0.8 * tpot_ms}
+            "decoding_mean": 32.0, "tpot_mean_ms": tpot_ms, "engine_itl_mean_ms": 0.8 * tpot_ms, **NO_STEPS}
 
 
 def test_pairs_give_ratios_ours_over_vllm_with_who_ran_first() -> None:
@@ -136,3 +137,23 @@ def test_a_figure_one_system_lacks_is_left_out_of_the_summary() -> None:
     assert summary["ratios"]["engine_itl_mean_ms"]["median"] == pytest.approx(1.0)  # pair 1's only
     assert summary["intervals"]["engine_itl_mean_ms"] is None  # one pair: no interval
     assert summary["ratios"]["tpot_mean_ms"]["min"] == pytest.approx(0.8)
+
+
+def test_the_step_logs_give_each_pair_its_ratios_at_equal_batch() -> None:
+    rounds = [_round("ours", 0, 9.0, 4.0), _round("vllm", 0, 10.0, 5.0)]
+    rounds[0].update(step_decode_ms=2.2, step_mixed_ms=5.0, step_decode_by_batch={"4": [2.2, 50], "5": [2.6, 60]})
+    rounds[1].update(step_decode_ms=2.0, step_mixed_ms=4.0, step_decode_by_batch={"4": [2.0, 80], "6": [3.0, 60]})
+    pair = pair_ratios(rounds)[0]
+    assert pair["step_decode_ms"] == pytest.approx(1.1)
+    assert pair["step_mixed_ms"] == pytest.approx(1.25)
+    assert pair["step_decode_equal_batch"] == pytest.approx(1.1)  # bucket 4, the only one both have
+    no_log = pair_ratios([_round("ours", 0, 9.0, 4.0), _round("vllm", 0, 10.0, 5.0)])[0]
+    assert math.isnan(no_log["step_decode_equal_batch"]) and math.isnan(no_log["step_decode_ms"])
+    assert "step_decode_ms" not in summarize_pairs([_round("ours", 0, 9.0, 4.0), _round("vllm", 0, 10.0, 5.0)])[
+        "ratios"]
+
+
+def test_the_step_log_needs_rounds() -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--step-log"])
+    assert parse_args(["--step-log", "--rounds", "2"]).step_log
