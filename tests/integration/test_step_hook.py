@@ -1,5 +1,6 @@
-"""bench/step_hook/sitecustomize.py in a fresh interpreter with vLLM: the scheduler both engines run is wrapped
-once imported where the bench asks for the step log (bench/step_log.py), and left alone where it does not."""
+"""bench/step_hook/sitecustomize.py in a fresh interpreter with vLLM: the scheduler and model runner both engines
+run are wrapped once imported where the bench asks for the step log (bench/step_log.py), and left alone where it
+does not."""
 
 import os
 import subprocess
@@ -12,8 +13,13 @@ PROBE = """
 import threading
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
-print(hasattr(Scheduler.update_from_output, "__wrapped__"), AsyncScheduler.update_from_output is
-      Scheduler.update_from_output, any(t.name == "bench-step-log" for t in threading.enumerate()))
+from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+wrapped = [getattr(f, "step_log_phase", None) for f in (Scheduler.update_from_output, Scheduler.schedule,
+                                               GPUModelRunner.execute_model, GPUModelRunner.sample_tokens)]
+print(*wrapped, AsyncScheduler.update_from_output is Scheduler.update_from_output,
+      CPUModelRunner.execute_model is GPUModelRunner.execute_model,
+      sum(t.name == "bench-step-log" for t in threading.enumerate()))
 """
 
 
@@ -24,7 +30,8 @@ def _probe(env: dict[str, str]) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-def test_the_scheduler_is_wrapped_only_where_the_step_log_is_asked_for(tmp_path: Path) -> None:
+def test_the_engine_is_wrapped_only_where_the_step_log_is_asked_for(tmp_path: Path) -> None:
     # From "/" so that neither this repository nor its hook is on the path unless the environment puts them there.
-    assert _probe(server_env(tmp_path, "ours", True)) == "True True True"
-    assert _probe({"PYTHONPATH": str(REPO)}) == "False True False"
+    # One writer (one flush thread) for both modules of a process.
+    assert _probe(server_env(tmp_path, "ours", True)) == "update schedule execute sample True True 1"
+    assert _probe({"PYTHONPATH": str(REPO)}) == "None None None None True True 0"

@@ -1,5 +1,5 @@
 """bench/step_log.py: the step records each engine process writes, and what a round's records say (decode-only and
-mixed intervals, the ratio at equal batch)."""
+mixed intervals, their host phases, the ratios at equal batch)."""
 
 import math
 import os
@@ -12,6 +12,7 @@ import pytest
 
 from bench import step_log
 from bench.step_log import (
+    PHASES,
     Step,
     StepWriter,
     equal_batch_ratio,
@@ -20,40 +21,43 @@ from bench.step_log import (
     round_steps,
     server_env,
     steps_line,
-    wrap_update_from_output,
+    wrap_scheduler,
+    wrap_timed,
 )
 
 
-def _write(path: Path, steps: list[tuple[float, int, int]]) -> None:
-    path.write_text("".join(f"{at:.6f}\t{tokens}\t{requests}\n" for at, tokens, requests in steps))
+def _write(path: Path, steps: list[tuple], phases: tuple = (0.1, 0.5, 0.2, 0.3)) -> None:
+    path.write_text("".join("\t".join(str(v) for v in (*s, *phases)) + "\n" for s in steps))
 
 
 def test_records_reach_the_file_on_flush_and_read_back_in_order(tmp_path: Path) -> None:
     writer = StepWriter(str(tmp_path))
-    writer.record(64, 64)
-    writer.record(250, 65)
+    writer.record(64, 64, 0.25)
+    writer.latest_ms.update(schedule=0.5, execute=1.5, sample=0.75)
+    writer.record(250, 65, 0.5)
     assert not writer.path.exists()  # the engine's thread only appends
     writer.flush()
-    writer.record(63, 63)
-    writer.flush()
     writer.flush()  # nothing new: nothing written
-    (tmp_path / "steps-1.tsv").write_text("1.0\t8\t8\n2.0\t8")  # a torn last line
+    (tmp_path / "steps-1.tsv").write_text("1.0\t8\t8\t1\t1\t1\t1\n2.0\t8\t8\t1")  # a torn last line
     found = read_steps(tmp_path)
     assert writer.path.name == f"steps-{os.getpid()}.tsv"
     mine = found[writer.path.name]
-    assert [(s.tokens, s.requests) for s in mine] == [(64, 64), (250, 65), (63, 63)]
-    assert mine[0].at_s <= mine[1].at_s <= mine[2].at_s <= time.time()
-    assert found["steps-1.tsv"] == [Step(1.0, 8, 8)]
+    assert [(s.tokens, s.requests) for s in mine] == [(64, 64), (250, 65)]
+    assert mine[0].at_s <= mine[1].at_s <= time.time()
+    assert all(math.isnan(ms) for ms in mine[0].phases_ms[:3])  # no runner phase had run yet in this process
+    assert mine[0].phases_ms[3] == 0.25
+    assert mine[1].phases_ms == (0.5, 1.5, 0.75, 0.5)
+    assert found["steps-1.tsv"] == [Step(1.0, 8, 8, (1.0, 1.0, 1.0, 1.0))]
 
 
 def test_the_flush_thread_writes_without_the_engine_thread(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(step_log, "FLUSH_S", 0.01)
     writer = StepWriter(str(tmp_path)).start()
-    writer.record(8, 8)
+    writer.record(8, 8, 0.1)
     deadline = time.monotonic() + 30
     while not writer.path.exists() and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert writer.path.read_text().endswith("\t8\t8\n")
+    assert "\t8\t8\t" in writer.path.read_text()
     assert any(t.name == "bench-step-log" and t.daemon for t in threading.enumerate())
 
 
@@ -87,37 +91,53 @@ def test_a_round_is_read_from_the_process_that_stepped_most(tmp_path: Path) -> N
     assert r["step_decode_ms"] == pytest.approx(2.0, rel=1e-3)
     assert r["step_mixed_ms"] == pytest.approx(2.0, rel=1e-3)
     assert r["step_decode_batch"] == 32
+    assert r["step_decode_host_ms"] == pytest.approx(1.1)
+    assert r["step_decode_phases_ms"] == pytest.approx([0.1, 0.5, 0.2, 0.3])
     assert list(r["step_decode_by_batch"]) == ["4"]  # 32 // BUCKET
-    assert r["step_decode_by_batch"]["4"][1] == r["step_decode_count"]
-    assert "70 decode-only intervals, 2.000 ms mean at 32.0 requests; 29 mixed" in steps_line(r)
+    assert r["step_decode_by_batch"]["4"] == pytest.approx([2.0, r["step_decode_count"], 1.1], rel=1e-3)
+    assert ("70 decode-only intervals, 2.000 ms mean at 32.0 requests (host phases ms: schedule 0.100, execute "
+            "0.500, sample 0.200, update 0.300); 29 mixed") in steps_line(r)
     empty = round_steps(tmp_path, 0.0, 1.0)
     assert empty["step_decode_count"] == 0 and math.isnan(empty["step_decode_ms"])
     assert steps_line(empty) == ""
 
 
-def test_the_equal_batch_ratio_weighs_buckets_both_sides_fill() -> None:
-    ours = {"3": [2.2, 100], "4": [2.4, 50], "5": [9.0, 5]}
-    theirs = {"3": [2.0, 40], "4": [2.0, 100], "6": [1.0, 100]}
+def test_the_equal_batch_ratios_weigh_buckets_both_sides_fill() -> None:
+    ours = {"3": [2.2, 100, 1.0], "4": [2.4, 50, 1.5], "5": [9.0, 5, 9.0]}
+    theirs = {"3": [2.0, 40, 1.0], "4": [2.0, 100, math.nan], "6": [1.0, 100, 1.0]}
     # buckets 3 (weight 40, ratio 1.1) and 4 (weight 50, ratio 1.2); 5 too few, 6 on one side only
     expected = math.exp((40 * math.log(1.1) + 50 * math.log(1.2)) / 90)
     assert equal_batch_ratio(ours, theirs) == pytest.approx(expected)
-    assert math.isnan(equal_batch_ratio(ours, {"6": [1.0, 100]}))
+    assert equal_batch_ratio(ours, theirs, field=2) == pytest.approx(1.0)  # bucket 4 has no host figure on one side
+    assert math.isnan(equal_batch_ratio(ours, {"6": [1.0, 100, 1.0]}))
     assert math.isnan(equal_batch_ratio({}, {}))
 
 
-def test_the_wrapper_records_each_batch_and_changes_nothing(tmp_path: Path) -> None:
+def test_the_wrappers_record_each_batch_with_its_phases_and_change_nothing(tmp_path: Path) -> None:
     class Scheduler:
+        def schedule(self, throttle=False):
+            return f"batch {throttle}"
+
         def update_from_output(self, scheduler_output, model_runner_output):
             return {"outputs": model_runner_output}
 
     writer = StepWriter(str(tmp_path))
     original = Scheduler.update_from_output
-    wrap_update_from_output(Scheduler, writer)
+    wrap_timed(Scheduler, {"schedule": "schedule"}, writer)
+    wrap_scheduler(Scheduler, writer)
+    scheduler = Scheduler()
+    assert scheduler.schedule(throttle=True) == "batch True"
     out = SimpleNamespace(total_num_scheduled_tokens=230, num_scheduled_tokens={"a": 200, "b": 30})
-    assert Scheduler().update_from_output(out, "model output") == {"outputs": "model output"}
+    assert scheduler.update_from_output(out, "model output") == {"outputs": "model output"}
     assert Scheduler.update_from_output.__wrapped__ is original
+    assert (Scheduler.update_from_output.step_log_phase, Scheduler.schedule.step_log_phase) == ("update", "schedule")
     writer.flush()
-    assert [(s.tokens, s.requests) for s in read_steps(tmp_path)[writer.path.name]] == [(230, 2)]
+    [step] = read_steps(tmp_path)[writer.path.name]
+    assert (step.tokens, step.requests) == (230, 2)
+    schedule_ms, execute_ms, sample_ms, update_ms = step.phases_ms
+    assert 0 <= schedule_ms < 1000 and 0 <= update_ms < 1000
+    assert math.isnan(execute_ms) and math.isnan(sample_ms)
+    assert len(PHASES) == 4
 
 
 def test_the_servers_get_the_hook_only_when_asked(tmp_path: Path, monkeypatch) -> None:
