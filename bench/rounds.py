@@ -59,7 +59,7 @@ RATIO_KEYS = (("requests/s", "req_per_s"), ("output tok/s", "output_tok_per_s"),
               ("TTFT p50", "ttft_p50_ms"), ("e2e p50", "e2e_p50_ms"), ("in decode", "decoding_mean"),
               ("TPOT mean", "tpot_mean_ms"), ("engine ITL", "engine_itl_mean_ms"),
               ("step decode", "step_decode_ms"), ("step mixed", "step_mixed_ms"), ("step eq.batch", EQUAL_BATCH),
-              ("host eq.batch", EQUAL_BATCH_HOST))
+              ("host eq.batch", EQUAL_BATCH_HOST), ("prefill steps", "step_prefill_count"))
 
 
 def round_order(first: str, second: str, pairs: int) -> list[tuple[int, str]]:
@@ -209,9 +209,13 @@ def pair_ratios(rounds: list[dict]) -> list[dict]:
         ours, vllm = systems["ours"], systems["vllm"]
         buckets = ours["step_decode_by_batch"], vllm["step_decode_by_batch"]
         out.append({"pair": pair, "first": first, "foreign_cpu_pct_max": foreign,
-                    **{key: ours[key] / vllm[key] for _, key in RATIO_KEYS if key not in PER_BUCKET},
+                    **{key: _ratio(ours[key], vllm[key]) for _, key in RATIO_KEYS if key not in PER_BUCKET},
                     EQUAL_BATCH: equal_batch_ratio(*buckets), EQUAL_BATCH_HOST: equal_batch_ratio(*buckets, field=2)})
     return out
+
+
+def _ratio(mine: float, other: float) -> float:
+    return mine / other if other else math.nan  # a count of none on vLLM's side (prefill steps) has no ratio
 
 
 # Student's t at 0.975 (a two-sided 95% interval) for 1..30 degrees of freedom; the normal's 1.96 beyond.

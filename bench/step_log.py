@@ -10,7 +10,9 @@ were taken and what the batch held. The time from one record to the next is the 
 scheduling that interval holds the next batch's scheduling, model-runner calls and launch, the wait for this batch
 and its update; it counts as **decode-only** where this batch and its two neighbours carry one token per request,
 and **mixed** otherwise. Decode-only intervals are compared per batch size (requests), so the two systems'
-different batches do not enter the ratio.
+different batches do not enter the ratio. The steps that carry a prefill are counted too: at the same arrivals, a
+system that gathers fewer arrivals into each such step runs more of them (the issue's lead (a)); their tokens
+beyond one a request are the prompt tokens each took in.
 
 The same wrapper times the interval's **host phases**, each vLLM's own code on both sides: `Scheduler.schedule`,
 `GPUModelRunner.execute_model` and `sample_tokens` (for the next batch) and `update_from_output`. Identical code at
@@ -200,6 +202,7 @@ def intervals(steps: list[Step], start_s: float, end_s: float) -> list[Interval]
 
 
 NO_STEPS = {"step_decode_ms": math.nan, "step_mixed_ms": math.nan, "step_decode_count": 0, "step_mixed_count": 0,
+            "step_prefill_count": math.nan, "step_prefill_tokens": math.nan,
             "step_decode_batch": math.nan, "step_decode_host_ms": math.nan, "step_decode_phases_ms": [],
             "step_decode_by_batch": {}}
 
@@ -211,19 +214,24 @@ def _mean(values: list[float]) -> float:
 def round_steps(directory: Path, start_s: float, end_s: float) -> dict:
     """One round's step figures from the process that stepped most in it (the engine): decode-only and mixed
     intervals' means and counts, the decode-only ones' mean batch, host phases and their sum (NaN where a phase ran
-    elsewhere), and per BUCKET-request bucket [interval mean, count, host mean] for the pair's equal-batch ratios."""
+    elsewhere), per BUCKET-request bucket [interval mean, count, host mean] for the pair's equal-batch ratios, and
+    the steps with a prefill: how many, and their mean tokens beyond one a request."""
     best: list[Interval] = []
+    best_steps: list[Step] = []
     for steps in read_steps(directory).values():
         found = intervals(steps, start_s, end_s)
         if len(found) > len(best):
-            best = found
+            best, best_steps = found, steps
     decode = [i for i in best if i.is_decode]
+    prefills = [s for s in best_steps if start_s <= s.at_s <= end_s and not s.is_decode]
     buckets: dict[int, list[Interval]] = defaultdict(list)
     for i in decode:
         buckets[i.requests // BUCKET].append(i)
     return {"step_decode_ms": _mean([i.ms for i in decode]),
             "step_mixed_ms": _mean([i.ms for i in best if not i.is_decode]),
             "step_decode_count": len(decode), "step_mixed_count": len(best) - len(decode),
+            "step_prefill_count": len(prefills),
+            "step_prefill_tokens": _mean([s.tokens - s.requests for s in prefills]),
             "step_decode_batch": _mean([i.requests for i in decode]),
             "step_decode_host_ms": _mean([sum(i.phases_ms) for i in decode]),
             "step_decode_phases_ms": [_mean([i.phases_ms[k] for i in decode]) for k in range(len(PHASES))],
@@ -254,4 +262,5 @@ def steps_line(r: dict) -> str:
     phases = ", ".join(f"{name} {ms:.3f}" for name, ms in zip(PHASES, r["step_decode_phases_ms"], strict=True))
     return (f"{r['step_decode_count']} decode-only intervals, {r['step_decode_ms']:.3f} ms mean at "
             f"{r['step_decode_batch']:.1f} requests (host phases ms: {phases}); {r['step_mixed_count']} mixed, "
-            f"{r['step_mixed_ms']:.3f} ms mean")
+            f"{r['step_mixed_ms']:.3f} ms mean; {r['step_prefill_count']} steps with a prefill, "
+            f"{r['step_prefill_tokens']:.0f} prefill tokens each")
