@@ -50,16 +50,18 @@ WarmUp = Callable[[str, str, argparse.Namespace], list[float]]
 # a pair, new ones in every round (the prefix cache must not skip a later round's prefill), all of one digit count
 # (the prompts' token counts match across rounds). The warm-up's prompts start at 1,000,000 (bench.serving).
 FIRST_INDEX = 10_000_000
-# The pair's decode-only step ratio at equal batch sizes, and that of its host phases (vLLM's own code on both
-# sides), from its rounds' step logs (bench/step_log.py).
+# The pair's decode-only step ratio at equal batch sizes, and those of its host phases and of the scheduler's
+# phases among them (vLLM's own code on both sides), from its rounds' step logs (bench/step_log.py).
 EQUAL_BATCH = "step_decode_equal_batch"
 EQUAL_BATCH_HOST = "step_host_equal_batch"
-PER_BUCKET = (EQUAL_BATCH, EQUAL_BATCH_HOST)
+EQUAL_BATCH_SCHED = "step_sched_equal_batch"
+PER_BUCKET = {EQUAL_BATCH: 0, EQUAL_BATCH_HOST: 2, EQUAL_BATCH_SCHED: 3}  # each one's field in step_decode_by_batch
 RATIO_KEYS = (("requests/s", "req_per_s"), ("output tok/s", "output_tok_per_s"), ("TPOT p50", "tpot_p50_ms"),
               ("TTFT p50", "ttft_p50_ms"), ("e2e p50", "e2e_p50_ms"), ("in decode", "decoding_mean"),
               ("TPOT mean", "tpot_mean_ms"), ("engine ITL", "engine_itl_mean_ms"),
               ("step decode", "step_decode_ms"), ("step mixed", "step_mixed_ms"), ("step eq.batch", EQUAL_BATCH),
-              ("host eq.batch", EQUAL_BATCH_HOST), ("prefill steps", "step_prefill_count"))
+              ("host eq.batch", EQUAL_BATCH_HOST), ("sched eq.batch", EQUAL_BATCH_SCHED),
+              ("prefill steps", "step_prefill_count"))
 
 
 def round_order(first: str, second: str, pairs: int) -> list[tuple[int, str]]:
@@ -210,7 +212,7 @@ def pair_ratios(rounds: list[dict]) -> list[dict]:
         buckets = ours["step_decode_by_batch"], vllm["step_decode_by_batch"]
         out.append({"pair": pair, "first": first, "foreign_cpu_pct_max": foreign,
                     **{key: _ratio(ours[key], vllm[key]) for _, key in RATIO_KEYS if key not in PER_BUCKET},
-                    EQUAL_BATCH: equal_batch_ratio(*buckets), EQUAL_BATCH_HOST: equal_batch_ratio(*buckets, field=2)})
+                    **{key: equal_batch_ratio(*buckets, field=field) for key, field in PER_BUCKET.items()}})
     return out
 
 

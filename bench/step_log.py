@@ -17,8 +17,11 @@ beyond one a request are the prompt tokens each took in.
 The same wrapper times the interval's **host phases**, each vLLM's own code on both sides: `Scheduler.schedule`,
 `GPUModelRunner.execute_model` and `sample_tokens` (for the next batch) and `update_from_output`. Identical code at
 an equal batch that takes longer in one process runs slower there (caches, the GIL, a busy core), not longer; an
-interval longer at equal phases spends its extra outside them (the loop around the step, waits). On the CPU build
-`vllm serve`'s model runner lives in a worker process: its two runner phases are missing there.
+interval longer at equal phases spends its extra outside them (the loop around the step, waits). The model
+runner's two phases also hold the waits for the device (sample_tokens reads the batch's tokens back); the
+scheduler's two (schedule, update_from_output) are Python alone, the purest "same code, slower?" figure. On the
+CPU build `vllm serve`'s model runner lives in a worker process: its two runner phases are missing there, and only
+the scheduler's compare.
 
 `bench/step_hook/sitecustomize.py` installs the wrappers where POCSERVE_BENCH_STEP_LOG names a directory (given to
 both systems by `bench.serving --step-log`); each process that steps appends `steps-PID.tsv` there.
@@ -214,7 +217,8 @@ def _mean(values: list[float]) -> float:
 def round_steps(directory: Path, start_s: float, end_s: float) -> dict:
     """One round's step figures from the process that stepped most in it (the engine): decode-only and mixed
     intervals' means and counts, the decode-only ones' mean batch, host phases and their sum (NaN where a phase ran
-    elsewhere), per BUCKET-request bucket [interval mean, count, host mean] for the pair's equal-batch ratios, and
+    elsewhere), per BUCKET-request bucket [interval mean, count, host mean, scheduler mean] for the pair's
+    equal-batch ratios, and
     the steps with a prefill: how many, and their mean tokens beyond one a request."""
     best: list[Interval] = []
     best_steps: list[Step] = []
@@ -235,12 +239,14 @@ def round_steps(directory: Path, start_s: float, end_s: float) -> dict:
             "step_decode_batch": _mean([i.requests for i in decode]),
             "step_decode_host_ms": _mean([sum(i.phases_ms) for i in decode]),
             "step_decode_phases_ms": [_mean([i.phases_ms[k] for i in decode]) for k in range(len(PHASES))],
-            "step_decode_by_batch": {str(k): [_mean([i.ms for i in v]), len(v), _mean([sum(i.phases_ms) for i in v])]
+            "step_decode_by_batch": {str(k): [_mean([i.ms for i in v]), len(v), _mean([sum(i.phases_ms) for i in v]),
+                                         _mean([i.phases_ms[0] + i.phases_ms[-1] for i in v])]
                                      for k, v in sorted(buckets.items())}}
 
 
 def equal_batch_ratio(ours: dict[str, list], theirs: dict[str, list], field: int = 0, min_count: int = 20) -> float:
-    """Ours' decode-only figure over theirs at equal batch (field 0: the interval, 2: the host phases' sum): the
+    """Ours' decode-only figure over theirs at equal batch (field 0: the interval, 2: the host phases' sum, 3: the
+    scheduler's two, schedule and update_from_output): the
     per-bucket ratios' geometric mean, each weighted by the smaller of its two counts (buckets with fewer than
     min_count intervals on either side, or without the figure, left out); NaN where no bucket qualifies."""
     total, weight = 0.0, 0.0

@@ -142,14 +142,15 @@ def test_a_figure_one_system_lacks_is_left_out_of_the_summary() -> None:
 def test_the_step_logs_give_each_pair_its_ratios_at_equal_batch() -> None:
     rounds = [_round("ours", 0, 9.0, 4.0), _round("vllm", 0, 10.0, 5.0)]
     rounds[0].update(step_decode_ms=2.2, step_mixed_ms=5.0, step_prefill_count=300,
-                     step_decode_by_batch={"4": [2.2, 50, 1.2], "5": [2.6, 60, 1.4]})
+                     step_decode_by_batch={"4": [2.2, 50, 1.2, 0.33], "5": [2.6, 60, 1.4, 0.4]})
     rounds[1].update(step_decode_ms=2.0, step_mixed_ms=4.0, step_prefill_count=200,
-                     step_decode_by_batch={"4": [2.0, 80, 1.0], "6": [3.0, 60, 1.6]})
+                     step_decode_by_batch={"4": [2.0, 80, 1.0, 0.3], "6": [3.0, 60, 1.6, 0.5]})
     pair = pair_ratios(rounds)[0]
     assert pair["step_decode_ms"] == pytest.approx(1.1)
     assert pair["step_mixed_ms"] == pytest.approx(1.25)
     assert pair["step_decode_equal_batch"] == pytest.approx(1.1)  # bucket 4, the only one both have
     assert pair["step_host_equal_batch"] == pytest.approx(1.2)
+    assert pair["step_sched_equal_batch"] == pytest.approx(1.1)  # the scheduler's phases alone
     assert pair["step_prefill_count"] == pytest.approx(1.5)  # the same arrivals in 1.5x the prefill steps
     rounds[1].update(step_prefill_count=0)
     assert math.isnan(pair_ratios(rounds)[0]["step_prefill_count"])
