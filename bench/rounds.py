@@ -343,16 +343,16 @@ def print_summary(summary: dict) -> None:
         return
     pairs = summary["pairs"]
     shown = [(label, key) for label, key in RATIO_KEYS if any(math.isfinite(p[key]) for p in pairs)]
-    print(f"\nper pair, ours/vllm:{'':9}" + "".join(f"{label:>14}" for label, _ in shown) + "  foreign CPU %")
+    print(f"\nper pair, ours/vllm:{'':9}" + "".join(f"{label:>15}" for label, _ in shown) + "  foreign CPU %")
     for p in pairs:
         print(f"pair {p['pair'] + 1:2d} ({p['first']} first)" + " " * (12 - len(p["first"]))
-              + "".join(f"{p[key]:>14.3f}" for _, key in shown) + f"{p['foreign_cpu_pct_max']:>15.0f}")
+              + "".join(f"{p[key]:>15.3f}" for _, key in shown) + f"{p['foreign_cpu_pct_max']:>15.0f}")
     print(f"\nours/vllm over {len(pairs)} pairs: median [min–max] (IQR)")
     for label, key in RATIO_KEYS:
         if (s := summary["ratios"].get(key)) is None:
             continue
         width = 100 * (s["max"] - s["min"]) / s["median"]
-        print(f"  {label:13} {s['median']:.3f} [{s['min']:.3f}–{s['max']:.3f}] (IQR {s['q1']:.3f}–{s['q3']:.3f}); "
+        print(f"  {label:14} {s['median']:.3f} [{s['min']:.3f}–{s['max']:.3f}] (IQR {s['q1']:.3f}–{s['q3']:.3f}); "
               f"min–max {width:.1f}% of the median")
     print(f"ours/vllm, geometric mean [95% interval]: a {100 * TELLS:.0f}% difference stands out where the interval "
           f"is narrower than ±{100 * TELLS:.0f}%")
@@ -361,13 +361,13 @@ def print_summary(summary: dict) -> None:
             continue
         verdict = ("stands out" if i["half_width_pct"] <= 100 * TELLS
                    else f"does not; ~{i['pairs_needed']} pairs would at this scatter")
-        print(f"  {label:13} {i['geomean']:.3f} [{i['low']:.3f}–{i['high']:.3f}], ±{i['half_width_pct']:.1f}%: "
+        print(f"  {label:14} {i['geomean']:.3f} [{i['low']:.3f}–{i['high']:.3f}], ±{i['half_width_pct']:.1f}%: "
               f"{100 * TELLS:.0f}% {verdict}")
     print("ours/vllm, median [distribution-free interval]: the sign test's, one stray pair cannot widen it far")
     for label, key in RATIO_KEYS:
         if (m := summary["median_intervals"][key]) is None:
             continue
-        print(f"  {label:13} {m['median']:.3f} [{m['low']:.3f}–{m['high']:.3f}] ({100 * m['coverage']:.1f}% "
+        print(f"  {label:14} {m['median']:.3f} [{m['low']:.3f}–{m['high']:.3f}] ({100 * m['coverage']:.1f}% "
               f"coverage); {'excludes' if not m['low'] <= 1 <= m['high'] else 'holds'} 1.0")
     for r in summary["stray_rounds"]:
         print(f"  stray round {r['round']} ({r['system']}): {r['req_per_s']:.2f} req/s against its system's median "

@@ -27,7 +27,8 @@ at an open load").
 (bench/rounds.py): the mode that can tell a 5-10% difference. The single pass is what `--rounds 0` (the default)
 runs.
 With `--step-log` each round also reports both engines' steps from inside them (bench/step_log.py): decode-only
-and mixed intervals, the host phases of vLLM's own code, and per pair the decode step's ratio at equal batch.
+and mixed intervals, the host phases of vLLM's own code, the steps that carry a prefill, and per pair the decode
+step's ratio at equal batch.
 
 TTFT is the time to the first SSE event (see bench/load.py). The table also shows the CPU used during the
 load by the servers, by this client and by everything else on the machine ("foreign"; Linux /proc): on a
