@@ -11,8 +11,8 @@ scheduling that interval holds the next batch's scheduling, model-runner calls a
 and its update; it counts as **decode-only** where this batch and its two neighbours carry one token per request,
 and **mixed** otherwise. Decode-only intervals are compared per batch size (requests), so the two systems'
 different batches do not enter the ratio. The steps that carry a prefill are counted too: at the same arrivals, a
-system that gathers fewer arrivals into each such step runs more of them (the issue's lead (a)); their tokens
-beyond one a request are the prompt tokens each took in.
+system that gathers fewer arrivals into each such step runs more of them (issue 43's lead (a)); their tokens
+beyond one a request are the prompt tokens each computed (the part the prefix cache did not hold).
 
 The same wrapper times the interval's **host phases**, each vLLM's own code on both sides: `Scheduler.schedule`,
 `GPUModelRunner.execute_model` and `sample_tokens` (for the next batch) and `update_from_output`. Identical code at
@@ -218,8 +218,7 @@ def round_steps(directory: Path, start_s: float, end_s: float) -> dict:
     """One round's step figures from the process that stepped most in it (the engine): decode-only and mixed
     intervals' means and counts, the decode-only ones' mean batch, host phases and their sum (NaN where a phase ran
     elsewhere), per BUCKET-request bucket [interval mean, count, host mean, scheduler mean] for the pair's
-    equal-batch ratios, and
-    the steps with a prefill: how many, and their mean tokens beyond one a request."""
+    equal-batch ratios, and the steps with a prefill: how many, and their mean tokens beyond one a request."""
     best: list[Interval] = []
     best_steps: list[Step] = []
     for steps in read_steps(directory).values():
@@ -240,15 +239,15 @@ def round_steps(directory: Path, start_s: float, end_s: float) -> dict:
             "step_decode_host_ms": _mean([sum(i.phases_ms) for i in decode]),
             "step_decode_phases_ms": [_mean([i.phases_ms[k] for i in decode]) for k in range(len(PHASES))],
             "step_decode_by_batch": {str(k): [_mean([i.ms for i in v]), len(v), _mean([sum(i.phases_ms) for i in v]),
-                                         _mean([i.phases_ms[0] + i.phases_ms[-1] for i in v])]
+                                         _mean([i.phases_ms[0] + i.phases_ms[-1] for i in v])]  # schedule, update
                                      for k, v in sorted(buckets.items())}}
 
 
 def equal_batch_ratio(ours: dict[str, list], theirs: dict[str, list], field: int = 0, min_count: int = 20) -> float:
     """Ours' decode-only figure over theirs at equal batch (field 0: the interval, 2: the host phases' sum, 3: the
-    scheduler's two, schedule and update_from_output): the
-    per-bucket ratios' geometric mean, each weighted by the smaller of its two counts (buckets with fewer than
-    min_count intervals on either side, or without the figure, left out); NaN where no bucket qualifies."""
+    scheduler's two, schedule and update_from_output): the per-bucket ratios' geometric mean, each weighted by the
+    smaller of its two counts (buckets with fewer than min_count intervals on either side, or without the figure,
+    left out); NaN where no bucket qualifies."""
     total, weight = 0.0, 0.0
     for key, mine in ours.items():
         if key not in theirs:
