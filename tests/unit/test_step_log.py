@@ -54,10 +54,12 @@ def test_the_flush_thread_writes_without_the_engine_thread(tmp_path: Path, monke
     monkeypatch.setattr(step_log, "FLUSH_S", 0.01)
     writer = StepWriter(str(tmp_path)).start()
     writer.record(8, 8, 0.1)
+    # The file is created by the flush's open, a moment before its write: wait for the line, not the file.
     deadline = time.monotonic() + 30
-    while not writer.path.exists() and time.monotonic() < deadline:
+    while "\n" not in (text := writer.path.read_text() if writer.path.exists() else "") and \
+            time.monotonic() < deadline:
         time.sleep(0.01)
-    assert "\t8\t8\t" in writer.path.read_text()
+    assert "\t8\t8\t" in text
     assert any(t.name == "bench-step-log" and t.daemon for t in threading.enumerate())
 
 
