@@ -13,13 +13,14 @@ host work around the model: what decides TPOT on a GPU, where the forward is sho
 - ours: one iteration of our engine loop (ingest, policy, EngineCore step, routing of the outputs) with the real
   processor process and sockets, as `python -m backend` runs it; detokenizing happens in the processor.
 
-    .venv/bin/python -m bench.engine_step [--requests 32] [--tokens 64] [--arrivals 128] [--json OUT]
+    .venv/bin/python -m bench.engine_step [--requests 32] [--tokens 64] [--arrivals 128] [--step-log DIR] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import queue
@@ -32,6 +33,7 @@ import uuid
 from pathlib import Path
 
 from backend.engine import compat
+from bench.step_log import equal_batch_ratio, round_steps, server_env, steps_line, system_dir
 
 compat.prepare_environment()
 
@@ -71,13 +73,18 @@ class StepClock:
         self.host_ms: list[float] = []
         self.host_cpu_ms: list[float] = []
         self.step_ms: list[float] = []
+        # Wall times (time.time(), the step log's clock) of the first recorded step's start and the last one's end.
+        self.window_s = [math.nan, math.nan]
 
     def timed(self, step, record: bool) -> None:
         ex_wall, ex_cpu = self.executor.wall_s, self.executor.cpu_s
+        if record and math.isnan(self.window_s[0]):
+            self.window_s[0] = time.time()
         wall, cpu = time.perf_counter(), time.thread_time()
         step()
         wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
         if record:
+            self.window_s[1] = time.time()
             self.step_ms.append(wall * 1000)
             self.host_ms.append((wall - (self.executor.wall_s - ex_wall)) * 1000)
             self.host_cpu_ms.append((cpu - (self.executor.cpu_s - ex_cpu)) * 1000)
@@ -85,7 +92,7 @@ class StepClock:
     def summary(self) -> dict:
         return {"num_steps": len(self.host_ms), "host_ms_mean": statistics.fmean(self.host_ms),
                 "host_ms_p50": statistics.median(self.host_ms), "host_cpu_ms_mean": statistics.fmean(self.host_cpu_ms),
-                "step_ms_mean": statistics.fmean(self.step_ms)}
+                "step_ms_mean": statistics.fmean(self.step_ms), "window_s": self.window_s}
 
 
 def _prompts(n: int) -> list[str]:
@@ -272,6 +279,19 @@ def run_ours(settings, n: int, tokens: int, arrivals: int = 0) -> dict:
         store.close()
 
 
+def step_log_lines(log_dir: Path, figures: dict[str, dict]) -> list[str]:
+    """Each system's step log over its measured steps, and ours over each other system at equal batch: the decode
+    interval, vLLM's four phases, and the scheduler's two alone (bench/step_log.py equal_batch_ratio)."""
+    steps = {system: round_steps(system_dir(log_dir, system), *f["window_s"]) for system, f in figures.items()}
+    lines = [f"{system:5} step log: {steps_line(r)}" for system, r in steps.items()]
+    for base in (s for s in steps if s != "ours" and "ours" in steps):
+        mine, theirs = steps["ours"]["step_decode_by_batch"], steps[base]["step_decode_by_batch"]
+        interval, phases, scheduler = (equal_batch_ratio(mine, theirs, field) for field in (0, 2, 3))
+        lines.append(f"ours/{base} at equal batch: decode interval {interval:.3f}, vLLM's phases {phases:.3f}, "
+                     f"the scheduler's {scheduler:.3f}")
+    return lines
+
+
 def _without(argv: list[str], *flags: str) -> list[str]:
     """argv less each of `flags` with its value (`--flag VALUE` or `--flag=VALUE`)."""
     out, skip = [], False
@@ -299,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
                         "0: the N requests added at once)")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--quiet", action="store_true", help="no summary lines (the per-system child processes)")
+    p.add_argument("--step-log", type=Path, default=None,
+                   help="log each system's engine steps under this directory (bench/step_log.py) and print vLLM's "
+                        "own phases at equal batch, ours over the others: the same code, slower in ours' process?")
     p.add_argument("engine_flags", nargs="*", help="backend flags after --, e.g. -- --enforce-eager")
     args = p.parse_args(argv)
     if args.arrivals and "vllm" in args.systems.split(","):
@@ -308,15 +331,17 @@ def main(argv: list[str] | None = None) -> int:
                               str(max(64, args.requests)), *args.engine_flags], {})
     systems = args.systems.split(",")
     figures = {}
-    if len(systems) == 1:
+    if len(systems) == 1 and args.step_log is None:
         run = {"vllm": run_vllm, "vllm-core": run_vllm_core, "ours": run_ours}[systems[0]]
         figures[systems[0]] = run(settings, args.requests, args.tokens, args.arrivals)
     else:  # each engine in a process of its own: one engine's KV cache is not given back before the next
         for system in systems:
+            # The step log's hook is installed as vLLM is imported: only a child process started with it has it.
+            env = {**os.environ, **server_env(args.step_log, system, True)} if args.step_log is not None else None
             with tempfile.NamedTemporaryFile(suffix=".json") as out:
-                one = _without(argv if argv is not None else sys.argv[1:], "--systems", "--json")
+                one = _without(argv if argv is not None else sys.argv[1:], "--systems", "--json", "--step-log")
                 subprocess.run([sys.executable, "-m", "bench.engine_step", "--systems", system, "--json", out.name,
-                                "--quiet", *one], check=True)
+                                "--quiet", *one], check=True, env=env)
                 figures[system] = json.loads(Path(out.name).read_text())["figures"][system]
     if not args.quiet:
         print()  # vLLM's native libraries may leave a line unterminated on stderr
@@ -330,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ours/{base} host per step: wall {o['host_ms_mean'] / v['host_ms_mean']:.3f}, engine-thread CPU "
                   f"{o['host_cpu_ms_mean'] / v['host_cpu_ms_mean']:.3f}; whole step "
                   f"{o['step_ms_mean'] / v['step_ms_mean']:.3f}")
+    if args.step_log is not None and not args.quiet:
+        print("\n".join(step_log_lines(args.step_log, figures)))
     if args.json is not None:
         args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.platform(),
                                          "cpu_count": os.cpu_count(), "argv": sys.argv[1:], "figures": figures},

@@ -341,12 +341,13 @@ case "${1:-tests}" in
   engine-step)  # bench.engine_step on the 0.6B shape: host work per engine step outside the model, this backend's
                 # engine loop against `vllm serve`'s engine core and vLLM's LLMEngine.step (ENGINE_STEP="REQUESTS
                 # TOKENS", default 64 128; ESYSTEMS, default vllm-core,ours; EFLAGS: more backend flags, e.g.
-                # "--poc-overlap off"; ETAG names the files; EARRIVALS: bench.engine_step --arrivals)
+                # "--poc-overlap off"; ETAG names the files; EARRIVALS: bench.engine_step --arrivals). The step log
+                # (bench/step_log.py) gives vLLM's own phases at equal batch in both engines, in the same layout.
     read -r esr est <<< "${ENGINE_STEP:-64 128}"
     free_gpus
     timeout --signal=INT "${TIMEOUT_S:-400}" python3 -m bench.engine_step --model-dir models/qwen3-0.6b \
       --shape qwen3-0.6b --requests "$esr" --tokens "$est" --systems "${ESYSTEMS:-vllm-core,ours}" \
-      --arrivals "${EARRIVALS:-0}" \
+      --arrivals "${EARRIVALS:-0}" --step-log "$(mktemp -d)" \
       --json "$out/engine-step-$esr${ETAG:-}.json" -- --gpu-memory-utilization 0.4 --max-model-len 2048 ${EFLAGS:-} \
       > "$out/engine-step-$esr${ETAG:-}.log" 2>&1 || echo "engine-step: exit $?"
     quiet < "$out/engine-step-$esr${ETAG:-}.log" | tail -25 | tee "$out/engine-step-$esr${ETAG:-}.txt"

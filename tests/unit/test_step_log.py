@@ -155,3 +155,24 @@ def test_the_servers_get_the_hook_only_when_asked(tmp_path: Path, monkeypatch) -
     assert (Path(hook) / "sitecustomize.py").is_file()
     assert (Path(repo) / "bench" / "step_log.py").is_file()
     assert given == "/elsewhere"
+
+
+def test_engine_step_compares_vllms_phases_at_equal_batch_over_each_measured_window(tmp_path: Path) -> None:
+    """bench.engine_step --step-log: each system's log read over its own measured steps (window_s), ours over the
+    other system at equal batch. Ours' phases cost twice theirs at the same 8 requests; its intervals 1.5x."""
+    from bench.engine_step import step_log_lines
+
+    for system, gap, phases, start in (("ours", 0.015, (0.2, 1.0, 0.4, 0.6), 100.0),
+                                       ("vllm-core", 0.010, (0.1, 0.5, 0.2, 0.3), 200.0)):
+        directory = step_log.system_dir(tmp_path, system)
+        directory.mkdir()
+        # 10 warm-up steps of 16 requests before the window, then 40 of 8 inside it
+        _write(directory / "steps-7.tsv", [(start + gap * i, 16 if i < 10 else 8, 16 if i < 10 else 8)
+                                           for i in range(50)], phases)
+    figures = {"ours": {"window_s": [100.0 + 0.015 * 9.5, 101.0]},
+               "vllm-core": {"window_s": [200.0 + 0.010 * 9.5, 201.0]}}
+    lines = step_log_lines(tmp_path, figures)
+    assert lines[0].startswith("ours  step log: ") and "at 8.0 requests" in lines[0]  # the warm-up left out
+    assert lines[1].startswith("vllm-core step log: ")
+    assert lines[2] == ("ours/vllm-core at equal batch: decode interval 1.500, vLLM's phases 2.000, "
+                        "the scheduler's 2.000")
