@@ -126,7 +126,9 @@ class MemrayWindow:
             raise ValueError(f"POCSERVE_MEMRAY={spec!r}: expected 0 <= START_S < STOP_S and a path")
         return window
 
-    def run(self, stopped: threading.Event) -> None:
+    def run(self, stopped: threading.Event, on: threading.Event | None = None) -> None:
+        """Tracks from start_s until stop_s or `stopped`; sets `on` once tracking has begun (memray creates the file
+        before that)."""
         import memray  # the test extra's; asked for by name, so a missing one is an error worth its traceback
 
         if stopped.wait(self.start_s):
@@ -134,6 +136,8 @@ class MemrayWindow:
         tracker = memray.Tracker(self.path, native_traces=True,
                                  file_format=memray.FileFormat.AGGREGATED_ALLOCATIONS)
         with tracker:
+            if on is not None:
+                on.set()
             log.info("heap_memray_on", path=self.path, until_s=self.stop_s)
             stopped.wait(self.stop_s - self.start_s)
         log.info("heap_memray_written", path=self.path, read_with=f"python -m bench.heap_leaks {self.path}")
@@ -150,6 +154,8 @@ class HeapProfiler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._memray_thread: threading.Thread | None = None
+        # Set once the memray window's tracking has begun.
+        self.memray_on = threading.Event()
         # The work done so far (name → count), read from this thread; set once the engine loop exists.
         self.counters: Callable[[], dict[str, int]] | None = None
 
@@ -169,8 +175,8 @@ class HeapProfiler:
         self._thread = threading.Thread(target=self._run, name="heap-profile", daemon=True)
         self._thread.start()
         if self.memray is not None:
-            self._memray_thread = threading.Thread(target=self.memray.run, args=(self._stop,), name="heap-memray",
-                                                   daemon=True)
+            self._memray_thread = threading.Thread(target=self.memray.run, args=(self._stop, self.memray_on),
+                                                   name="heap-memray", daemon=True)
             self._memray_thread.start()
         return self
 
