@@ -33,7 +33,16 @@ import uuid
 from pathlib import Path
 
 from backend.engine import compat
-from bench.step_log import equal_batch_ratio, round_steps, server_env, steps_line, system_dir
+from bench.step_log import (
+    HOST_FIELD,
+    INTERVAL_FIELD,
+    SCHED_FIELD,
+    equal_batch_ratio,
+    round_steps,
+    server_env,
+    steps_line,
+    system_dir,
+)
 
 compat.prepare_environment()
 
@@ -286,7 +295,8 @@ def step_log_lines(log_dir: Path, figures: dict[str, dict]) -> list[str]:
     lines = [f"{system:5} step log: {steps_line(r)}" for system, r in steps.items()]
     for base in (s for s in steps if s != "ours" and "ours" in steps):
         mine, theirs = steps["ours"]["step_decode_by_batch"], steps[base]["step_decode_by_batch"]
-        interval, phases, scheduler = (equal_batch_ratio(mine, theirs, field) for field in (0, 2, 3))
+        interval, phases, scheduler = (equal_batch_ratio(mine, theirs, field)
+                                       for field in (INTERVAL_FIELD, HOST_FIELD, SCHED_FIELD))
         lines.append(f"ours/{base} at equal batch: decode interval {interval:.3f}, vLLM's phases {phases:.3f}, "
                      f"the scheduler's {scheduler:.3f}")
     return lines

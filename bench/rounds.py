@@ -39,7 +39,17 @@ from bench.load import percentile, run_load, summarize
 from bench.perf_counters import close_all, open_main_threads
 from bench.procs import Proc, free_port, group_cpu_s, machine_busy_s, stop_all, wait_gpus_free, wait_http_ok
 from bench.round_probe import cpu_split, engine_counts, engine_figures, engine_line, process_cpu, split_line
-from bench.step_log import FLUSH_S, NO_STEPS, equal_batch_ratio, round_steps, steps_line, system_dir
+from bench.step_log import (
+    FLUSH_S,
+    HOST_FIELD,
+    INTERVAL_FIELD,
+    NO_STEPS,
+    SCHED_FIELD,
+    equal_batch_ratio,
+    round_steps,
+    steps_line,
+    system_dir,
+)
 
 # Starts a system's processes: (args, model dir, port) -> (processes, the URL that answers 200 once ready).
 Starter = Callable[[argparse.Namespace, Path, int], tuple[list[Proc], str]]
@@ -55,7 +65,7 @@ FIRST_INDEX = 10_000_000
 EQUAL_BATCH = "step_decode_equal_batch"
 EQUAL_BATCH_HOST = "step_host_equal_batch"
 EQUAL_BATCH_SCHED = "step_sched_equal_batch"
-PER_BUCKET = {EQUAL_BATCH: 0, EQUAL_BATCH_HOST: 2, EQUAL_BATCH_SCHED: 3}  # each one's field in step_decode_by_batch
+PER_BUCKET = {EQUAL_BATCH: INTERVAL_FIELD, EQUAL_BATCH_HOST: HOST_FIELD, EQUAL_BATCH_SCHED: SCHED_FIELD}
 RATIO_KEYS = (("requests/s", "req_per_s"), ("output tok/s", "output_tok_per_s"), ("TPOT p50", "tpot_p50_ms"),
               ("TTFT p50", "ttft_p50_ms"), ("e2e p50", "e2e_p50_ms"), ("in decode", "decoding_mean"),
               ("TPOT mean", "tpot_mean_ms"), ("engine ITL", "engine_itl_mean_ms"),

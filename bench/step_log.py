@@ -44,6 +44,9 @@ ENV = "POCSERVE_BENCH_STEP_LOG"
 FLUSH_S = 0.5
 # Requests per batch-size bucket for the equal-batch comparison.
 BUCKET = 8
+# The figures of a bucket's list in round_steps' step_decode_by_batch that equal_batch_ratio compares: the interval,
+# the host phases' sum, the scheduler's two phases (the list's field 1 is its count).
+INTERVAL_FIELD, HOST_FIELD, SCHED_FIELD = 0, 2, 3
 # An interval longer than this many times the median is an idle gap between loads, not a step.
 IDLE_FACTOR = 10.0
 # The host phases timed, in the order they are logged; the last is update_from_output itself.
@@ -243,7 +246,8 @@ def round_steps(directory: Path, start_s: float, end_s: float) -> dict:
                                      for k, v in sorted(buckets.items())}}
 
 
-def equal_batch_ratio(ours: dict[str, list], theirs: dict[str, list], field: int = 0, min_count: int = 20) -> float:
+def equal_batch_ratio(ours: dict[str, list], theirs: dict[str, list], field: int = INTERVAL_FIELD,
+                      min_count: int = 20) -> float:
     """Ours' decode-only figure over theirs at equal batch (field 0: the interval, 2: the host phases' sum, 3: the
     scheduler's two, schedule and update_from_output): the per-bucket ratios' geometric mean, each weighted by the
     smaller of its two counts (buckets with fewer than min_count intervals on either side, or without the figure,

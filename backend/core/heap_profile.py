@@ -126,7 +126,7 @@ class MemrayWindow:
             raise ValueError(f"POCSERVE_MEMRAY={spec!r}: expected 0 <= START_S < STOP_S and a path")
         return window
 
-    def run(self, stopped: threading.Event, on: threading.Event | None = None) -> None:
+    def run(self, stopped: threading.Event, on: threading.Event) -> None:
         """Tracks from start_s until stop_s or `stopped`; sets `on` once tracking has begun (memray creates the file
         before that)."""
         import memray  # the test extra's; asked for by name, so a missing one is an error worth its traceback
@@ -136,8 +136,7 @@ class MemrayWindow:
         tracker = memray.Tracker(self.path, native_traces=True,
                                  file_format=memray.FileFormat.AGGREGATED_ALLOCATIONS)
         with tracker:
-            if on is not None:
-                on.set()
+            on.set()
             log.info("heap_memray_on", path=self.path, until_s=self.stop_s)
             stopped.wait(self.stop_s - self.start_s)
         log.info("heap_memray_written", path=self.path, read_with=f"python -m bench.heap_leaks {self.path}")
