@@ -26,6 +26,7 @@ from backend.core.heap_profile import HeapProfiler
 from backend.engine import compat
 from backend.errors import fatal_reason
 from backend.pow.store import StoreError, open_store
+from backend.processor import engine_address, link_address
 from backend.startup import fork_env
 from backend.startup.settings import BackendSettings, load_settings
 from backend.transport.control import ControlPlane
@@ -59,9 +60,11 @@ def _prepare_address(address: str) -> None:
         Path(address.removeprefix("ipc://")).parent.mkdir(parents=True, exist_ok=True)
 
 
-def start_processor(settings: BackendSettings, link_address: str) -> SpawnProcess:
+def start_processor(settings: BackendSettings, link_dir: str) -> SpawnProcess:
+    """The processor process; it connects to both of our sockets in `link_dir` (backend/processor/__init__.py)
+    whenever they are bound."""
     from backend.processor.entry import run_processor
-    proc = multiprocessing.get_context("spawn").Process(target=run_processor, args=(settings, link_address),
+    proc = multiprocessing.get_context("spawn").Process(target=run_processor, args=(settings, link_dir),
                                                         name="pocserve-processor", daemon=True)
     proc.start()
     return proc
@@ -77,8 +80,10 @@ def stop_processor(proc: SpawnProcess) -> None:
 
 
 def build_loop(settings: BackendSettings, engine, server: SocketServer, inbox: queue.Queue, control: ControlPlane,
-               store, processor: SpawnProcess):
-    """The engine loop with its collaborators; frontends are admitted once the processor is ready."""
+               store, processor: SpawnProcess, to_processor):
+    """The engine loop with its collaborators; frontends are admitted once the processor is ready. What chat sends
+    the processor (identity LINK) goes out on the engine thread's own socket, `to_processor` (an EngineOut,
+    backend/processor/link.py); its replies to frontends through the io thread."""
     from backend.core.chat import ChatRequests
     from backend.core.loop import BackendLoop
     from backend.core.share import ChatShare
@@ -92,14 +97,20 @@ def build_loop(settings: BackendSettings, engine, server: SocketServer, inbox: q
     fingerprint = engine.fingerprint()
 
     def on_processor_ready() -> None:
-        server.send(LINK, built)
+        to_processor.send(built)
         control.fingerprint = fingerprint  # frontends are admitted (Hello → Ready) from now on
 
     def check_processor() -> None:
         if not processor.is_alive():
             raise ProcessorDied(f"the processor process exited with code {processor.exitcode}")
 
-    chat = ChatRequests(engine, server.send, on_ready=on_processor_ready)
+    def chat_send(identity: bytes, msg) -> None:
+        if identity == LINK:
+            to_processor.send(msg)
+        else:
+            server.send(identity, msg)
+
+    chat = ChatRequests(engine, chat_send, on_ready=on_processor_ready)
     artifacts = ArtifactQueue(engine.poc)
     pow_service = build_pow_service(settings, artifacts, chat, server.send, store,
                                     [fingerprint.served_model_name, fingerprint.model_path])
@@ -135,14 +146,15 @@ def serve(settings: BackendSettings) -> int:
         gate = CurveGate(settings.curve_server_secret_key_file, settings.curve_clients_dir)
     link_dir = tempfile.mkdtemp(prefix="pocserve-")
     server = SocketServer(ctx, settings.address, inbox, control, gate=gate,
-                          peers=PeerTable(settings.frontend_timeout_s), link_address=f"ipc://{link_dir}/link.ipc")
+                          peers=PeerTable(settings.frontend_timeout_s), link_address=link_address(link_dir))
     server.start()
 
     # The processor first: its own vLLM import and config take as long as ours, and it is on the start's critical
-    # path (frontends are admitted once it is ready). It connects to the link whenever the link is bound.
-    processor = start_processor(settings, f"ipc://{link_dir}/link.ipc")
-    from backend.processor.link import EngineSide  # imports vLLM: after the socket is up, so probes see us early
+    # path (frontends are admitted once it is ready). It connects to our sockets whenever they are bound.
+    processor = start_processor(settings, link_dir)
+    from backend.processor.link import EngineOut, EngineSide  # import vLLM: after the socket is up (probes see us)
     server.attach_link(EngineSide())
+    to_processor = EngineOut(ctx, engine_address(link_dir))  # the engine loop's, on this thread
 
     from backend.engine.adapter import Engine
     from backend.engine.args import allreduce_fusion, multicast_switched_off
@@ -161,7 +173,7 @@ def serve(settings: BackendSettings) -> int:
                      multicast_switched_off_by=multicast_switched_off(os.environ))
         log.info("engine_starting", uptime_s=process_uptime_s())
         engine = Engine(settings)
-        loop = build_loop(settings, engine, server, inbox, control, store, processor)
+        loop = build_loop(settings, engine, server, inbox, control, store, processor, to_processor)
         if profiler is not None:
             profiler.counters = loop.work_counts
 
@@ -186,6 +198,7 @@ def serve(settings: BackendSettings) -> int:
         trimmer.stop()
         if profiler is not None:
             profiler.stop()
+        to_processor.close()  # before shut_down: terminating the context waits for every socket of it
         shut_down(server, ctx)
         stop_processor(processor)
         if loop is not None:

@@ -238,21 +238,23 @@ def run_ours(settings, n: int, tokens: int, arrivals: int = 0) -> dict:
     from backend.__main__ import build_loop, start_processor, stop_processor
     from backend.engine.adapter import Engine
     from backend.pow.store import open_store
-    from backend.processor.link import EngineSide
+    from backend.processor import engine_address, link_address
+    from backend.processor.link import EngineOut, EngineSide
     from backend.transport.control import ControlPlane
     from backend.transport.server import SocketServer, shut_down
 
     work = Path(tempfile.mkdtemp(prefix="engine-step-"))
     ctx, inbox, control = zmq.Context(), queue.Queue(), ControlPlane(uuid.uuid4().hex)
-    server = SocketServer(ctx, f"ipc://{work}/b.ipc", inbox, control, link_address=f"ipc://{work}/link.ipc")
+    server = SocketServer(ctx, f"ipc://{work}/b.ipc", inbox, control, link_address=link_address(str(work)))
     server.start()
     server.attach_link(EngineSide())
-    processor = start_processor(settings, f"ipc://{work}/link.ipc")
+    to_processor = EngineOut(ctx, engine_address(str(work)))
+    processor = start_processor(settings, str(work))
     store = open_store(work / "state")
     try:
         engine = Engine(settings)
         clock = StepClock(engine.core.model_executor)
-        loop = build_loop(settings, engine, server, inbox, control, store, processor)
+        loop = build_loop(settings, engine, server, inbox, control, store, processor, to_processor)
         while not loop.chat.is_ready:
             loop.ingest(block=True)
         for warm in (True, False):
@@ -283,6 +285,7 @@ def run_ours(settings, n: int, tokens: int, arrivals: int = 0) -> dict:
         loop.pow.callbacks.close()
         return clock.summary()
     finally:
+        to_processor.close()
         shut_down(server, ctx)
         stop_processor(processor)
         store.close()

@@ -9,7 +9,7 @@ from backend.startup.settings import BackendSettings
 from common.process import die_with_parent, freeze_startup_heap, set_title
 
 
-def run_processor(settings: BackendSettings, link_address: str) -> None:
+def run_processor(settings: BackendSettings, link_dir: str) -> None:
     die_with_parent()  # the engine process's end is ours, even when it is killed outright
     # The engine process decides when we stop (SIGTERM): a Ctrl-C or the ML node's SIGINT to the process group
     # must not kill us before the engine process has sent its last frames through us.
@@ -21,6 +21,7 @@ def run_processor(settings: BackendSettings, link_address: str) -> None:
     import structlog
     import zmq
 
+    from backend.processor import engine_address, link_address
     from backend.processor.build import build
     from backend.processor.main import Processor
     from common.logs import configure_logging, process_uptime_s
@@ -31,8 +32,9 @@ def run_processor(settings: BackendSettings, link_address: str) -> None:
     phases_s = {"imports_done_at": process_uptime_s()}  # after vLLM's import, from the spawn
     preparer, presenter, tokenizing, ready = build(settings, phases_s)
     ctx = zmq.Context()
-    link = make_socket(ctx, zmq.PAIR)
-    link.connect(link_address)
+    link, engine = make_socket(ctx, zmq.PAIR), make_socket(ctx, zmq.PAIR)
+    link.connect(link_address(link_dir))
+    engine.connect(engine_address(link_dir))
     structlog.get_logger(__name__).info("processor_ready", pid=os.getpid(), uptime_s=process_uptime_s(),
                                         heap_frozen_objects=freeze_startup_heap(), **phases_s)
-    Processor(ctx, link, preparer, presenter, tokenizing).run(ready)
+    Processor(ctx, link, engine, preparer, presenter, tokenizing).run(ready)

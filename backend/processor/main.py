@@ -3,7 +3,8 @@
 Spawned by the engine process (`start_processor`), it does what vLLM's API server does around its engine core,
 without HTTP: chat templates and tokenizing in, detokenizing, stop strings and logprobs out, and it sends the
 deltas straight to the frontends (through the engine process's io thread, which forwards them unread). So the
-engine thread only steps the engine, as `vllm serve`'s engine process does, and the two never share a GIL.
+engine thread only steps the engine, as `vllm serve`'s engine process does, and the two never share a GIL. What the
+engine thread sends comes on a socket of its own (`engine`), the rest on the link; each keeps its order.
 
 It also answers /tokenize and /detokenize (TokenizeJob) and renders vLLM's own metrics for /metrics (MetricsJob),
 sending the reply to the frontend as it sends deltas.
@@ -51,10 +52,12 @@ _STATS_INTERVAL_S = 0.25
 
 
 class Processor:
-    """Serves the link: PrepareRequest → Prepared/PrepareFailed, EngineCoreOutputs → deltas to frontends."""
+    """Serves the two sockets: PrepareRequest → Prepared/PrepareFailed, EngineCoreOutputs → deltas to frontends."""
 
-    def __init__(self, ctx: zmq.Context, link: zmq.Socket, preparer, presenter, tokenizing: Tokenization) -> None:
+    def __init__(self, ctx: zmq.Context, link: zmq.Socket, engine: zmq.Socket, preparer, presenter,
+                 tokenizing: Tokenization) -> None:
         self._link = link
+        self._engine = engine
         self._codec = ProcessorSide()
         self._frontend_codec = backend_codec()
         self._preparer = preparer
@@ -75,16 +78,19 @@ class Processor:
         poller = zmq.Poller()
         poller.register(self._link, zmq.POLLIN)
         poller.register(self._wake, zmq.POLLIN)
+        poller.register(self._engine, zmq.POLLIN)
         while True:
             events = dict(poller.poll(100))
+            if self._engine in events:
+                self._on_message(self._codec.decode(self._engine.recv_multipart(copy=False)))
             if self._link in events:
-                self._on_link(self._codec.decode(self._link.recv_multipart(copy=False)))
+                self._on_message(self._codec.decode(self._link.recv_multipart(copy=False)))
             if self._wake in events:
                 self._wake.recv()
                 self._finish_long(*self._done.get_nowait())
             self._publish_stats()
 
-    def _on_link(self, msg) -> None:
+    def _on_message(self, msg) -> None:
         match msg:
             case PrepareRequest():
                 if cost.inline(msg.request):

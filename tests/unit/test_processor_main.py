@@ -10,13 +10,14 @@ from dataclasses import dataclass, field
 
 import pytest
 import zmq
+from structlog.testing import capture_logs
 from vllm import SamplingParams
 from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest
 
 from backend.errors import RequestError
 from backend.processor import PreparedRequests, cost
 from backend.processor.cost import INLINE_CHARS, INLINE_IDS, INLINE_MESSAGES
-from backend.processor.link import EngineSide
+from backend.processor.link import EngineOut, EngineSide, ProcessorSide
 from backend.processor.main import Processor
 from backend.processor.prepare import EngineRequests
 from common.sockets import make_socket
@@ -138,15 +139,20 @@ class FakeTokenization:
 
 
 class Engine:
-    """The engine process's end of the link."""
+    """The engine process's ends of the processor's two sockets: `send` as the engine thread sends (on its own
+    socket), `send_link` as the io thread does (on the link, which carries everything back)."""
 
-    def __init__(self, sock: zmq.Socket, processor: Processor) -> None:
+    def __init__(self, sock: zmq.Socket, own: zmq.Socket, processor: Processor) -> None:
         self.sock = sock
+        self.own = own
         self.processor = processor
         self.codec = EngineSide()
         self.frontend = frontend_codec()
 
     def send(self, msg) -> None:
+        self.own.send_multipart(self.codec.encode(msg))
+
+    def send_link(self, msg) -> None:
         self.sock.send_multipart(self.codec.encode(msg))
 
     def receive(self):
@@ -189,7 +195,10 @@ def engine(parts) -> Iterator[Engine]:
     link, peer = make_socket(ctx, zmq.PAIR), make_socket(ctx, zmq.PAIR)
     link.bind("inproc://link")
     peer.connect("inproc://link")
-    processor = Processor(ctx, link, preparer, presenter, tokenizing)
+    own, own_peer = make_socket(ctx, zmq.PAIR), make_socket(ctx, zmq.PAIR)
+    own.bind("inproc://engine")
+    own_peer.connect("inproc://engine")
+    processor = Processor(ctx, link, own_peer, preparer, presenter, tokenizing)
 
     def serve() -> None:
         with contextlib.suppress(Stop):
@@ -197,7 +206,7 @@ def engine(parts) -> Iterator[Engine]:
 
     thread = threading.Thread(target=serve, name="processor", daemon=True)
     thread.start()
-    side = Engine(peer, processor)
+    side = Engine(peer, own, processor)
     assert side.receive() == ProcessorReady(pid=7, vocab_size=512)
     yield side
     presenter.stats.stop = True
@@ -326,12 +335,13 @@ def test_tokenize_metrics_forget_and_engine_built(engine, parts):
     preparer, presenter, _ = parts
     engine.send(TokenizeJob(identity=b"fe-1", request=TokenizeRequest(rid="t1", prompt="abc")))
     assert engine.receive() == [(b"fe-1", TokenizeReply(rid="t1", tokens=[3]))]
-    engine.send(MetricsJob(identity=b"fe-2", rid="m1"))
+    engine.send_link(MetricsJob(identity=b"fe-2", rid="m1"))
     assert engine.receive() == [(b"fe-2", MetricsReply(rid="m1", text=b"vllm:num_requests_running 0\n"))]
     engine.send(ForgetRequest(engine_rids=["e1", "e2"]))
     engine.send(EngineBuilt(num_gpu_blocks=321, max_model_len=2048))
-    engine.send(MetricsJob(identity=b"fe-2", rid="m2"))  # answered after the two above were handled
-    assert isinstance(engine.receive()[0][1], MetricsReply)
+    # Answered after the two above were handled: the engine thread's messages keep their order.
+    engine.send(TokenizeJob(identity=b"fe-1", request=TokenizeRequest(rid="t2", prompt="ab")))
+    assert engine.receive() == [(b"fe-1", TokenizeReply(rid="t2", tokens=[2]))]
     assert presenter.forgotten == ["e1", "e2"] and presenter.metrics.num_gpu_blocks == 321
     assert preparer.max_model_len == 2048  # the engine's fitted context: every length check reads it
 
@@ -342,3 +352,33 @@ def test_stats_go_to_the_engine_when_the_iterations_change(engine, parts):
     assert engine.next_stats(500) is None  # no new iteration, no new snapshot
     presenter.stats.iterations.count = 5
     assert engine.next_stats(WAIT_MS).iteration_tokens_count == 5
+
+
+def test_the_engine_threads_socket_sends_its_messages_in_order_and_never_blocks():
+    """EngineOut: what the engine thread sends reaches the processor's end decoded as sent, in order; with no
+    processor connected the send is logged and dropped, not waited for."""
+    ctx = zmq.Context()
+    try:
+        out = EngineOut(ctx, "inproc://engine-out")
+        peer = make_socket(ctx, zmq.PAIR)
+        peer.connect("inproc://engine-out")
+        side = ProcessorSide()
+        out.send(EngineBuilt(num_gpu_blocks=3, max_model_len=64))
+        out.send(EngineCoreOutputs(outputs=[], timestamp=1.5))
+        out.send(ForgetRequest(engine_rids=["e1"]))
+        received = []
+        for _ in range(3):
+            assert peer.poll(WAIT_MS)
+            received.append(side.decode(peer.recv_multipart()))
+        assert received[0] == EngineBuilt(num_gpu_blocks=3, max_model_len=64)
+        assert isinstance(received[1], EngineCoreOutputs) and received[1].timestamp == 1.5
+        assert received[2] == ForgetRequest(engine_rids=["e1"])
+        out.close()
+        peer.close()
+        alone = EngineOut(ctx, "inproc://engine-out-alone")
+        with capture_logs() as logs:
+            alone.send(ForgetRequest(engine_rids=["e2"]))
+        assert [e["event"] for e in logs] == ["processor_link_unwritable"]
+        alone.close()
+    finally:
+        ctx.destroy(linger=0)
