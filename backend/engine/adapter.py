@@ -24,6 +24,7 @@ from vllm.v1.executor import Executor  # noqa: E402
 from backend.engine import kernels, leak_check, parallel, warmup  # noqa: E402
 from backend.engine.args import USAGE_CONTEXT  # noqa: E402
 from backend.engine.poc import PocRunner  # noqa: E402
+from backend.engine.prefill_window import PrefillWindow  # noqa: E402
 from backend.startup.settings import BackendSettings  # noqa: E402
 from common.config import SettingsError  # noqa: E402
 from common.logs import process_uptime_s  # noqa: E402
@@ -77,6 +78,7 @@ class Engine:
             scheduler = self.vllm_config.scheduler_config
             self.max_num_seqs = int(scheduler.max_num_seqs)  # vLLM's default for this device where not given
             step_tokens = int(scheduler.max_num_batched_tokens)
+            self._hold_prefills(settings.prefill_window_ms / 1000)
             self.poc = PocRunner(self.core, self.max_num_seqs, min(settings.poc_max_batch_tokens, step_tokens))
             self.poc.overlaps = self._prepare_overlap(settings)
             self.poc.max_in_flight = settings.poc_forwards_in_flight
@@ -96,9 +98,16 @@ class Engine:
                  dtype=str(self.vllm_config.model_config.dtype).removeprefix("torch."),
                  poc_layer_ranges=self.poc.layer_ranges,
                  poc_overlap=self.poc.overlaps, poc_parks=self.poc.parks, poc_pipelines=self.poc.pipelines,
-                 poc_forwards_in_flight=settings.poc_forwards_in_flight,
+                 poc_forwards_in_flight=settings.poc_forwards_in_flight, prefill_window_ms=settings.prefill_window_ms,
                  torch_threads=torch.get_num_threads(), elapsed_s=round(time.monotonic() - started, 1),
                  uptime_s=process_uptime_s())
+
+    def _hold_prefills(self, window_s: float) -> None:
+        """--prefill-window-ms (backend/engine/prefill_window.py)."""
+        window = PrefillWindow(window_s)
+        if window_s > 0 and not compat.defer_prefills_when(
+                self.core, lambda: window.should_defer(compat.request_counts(self.core)[1])):
+            log.warning("prefill_window_off", reason="this vLLM's EngineCore has no _should_throttle_prefills")
 
     def _warm_up_kernels(self, settings: BackendSettings, step_tokens: int) -> None:
         """--kernel-warmup (backend/engine/warmup.py): the first chat of each step size compiles nothing."""

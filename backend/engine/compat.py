@@ -34,7 +34,7 @@ ENGINE_ENV_DEFAULTS = {
 PRIVATE_SYMBOLS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("vllm.v1.engine.core", "EngineCore",
      ("step_fn", "post_step", "preprocess_add_request", "add_request", "abort_requests", "collective_rpc",
-      "scheduler", "structured_output_manager", "batch_queue", "vllm_config")),
+      "scheduler", "structured_output_manager", "batch_queue", "vllm_config", "_should_throttle_prefills")),
     ("vllm.v1.executor", "Executor", ("get_class",)),
     ("vllm.v1.engine.input_processor", "InputProcessor", ("process_inputs", "assign_request_id")),
     ("vllm.v1.engine.output_processor", "OutputProcessor",
@@ -132,6 +132,15 @@ def request_counts(core) -> tuple[int, int]:
     sched = core.scheduler
     waiting = len(sched.waiting) + len(getattr(sched, "skipped_waiting", ()))
     return len(sched.running), waiting
+
+
+def defer_prefills_when(core, should_defer: Callable[[], bool]) -> bool:
+    """Has vLLM's scheduler ask `should_defer` at each schedule whether new prefills wait (the hook its
+    data-parallel engine overrides; the plain EngineCore never defers). False where this vLLM lacks the hook."""
+    if not callable(getattr(core, "_should_throttle_prefills", None)):
+        return False
+    core._should_throttle_prefills = should_defer
+    return True
 
 
 def kv_cache_usage(core) -> float:

@@ -107,6 +107,11 @@ class BackendSettings:
                                           "exclusive round time-sliced: 2 = the next queued behind the one running, "
                                           "so the device does not wait between them for the engine thread; 1 = one "
                                           "at a time", type=int)
+    prefill_window_ms: float = setting("POCSERVE_PREFILL_WINDOW_MS", 10.0,
+                                       "while chat requests decode, a new prefill waits up to this long for others "
+                                       "to join its step (each step with a prefill costs every decoding stream "
+                                       "several decode steps' time); 0 = each at once (backend/engine/"
+                                       "prefill_window.py)")
     kernel_warmup: str = setting("POCSERVE_KERNEL_WARMUP", "auto",
                                  "before ready, run the model once at each step size whose kernels would otherwise "
                                  "compile at a first chat (the fused-MoE Triton kernel's tile sizes): auto = MoE "
@@ -159,7 +164,8 @@ def _check(s: BackendSettings) -> None:
     if s.poc_forwards_in_flight not in (1, 2):
         raise SettingsError(f"--poc-forwards-in-flight / POCSERVE_POC_FORWARDS_IN_FLIGHT must be 1 or 2, got "
                             f"{s.poc_forwards_in_flight}")
-    for name in ("result_ttl_s", "callback_interval_s", "stop_flush_timeout_s", "heap_trim_interval_s"):
+    for name in ("result_ttl_s", "callback_interval_s", "stop_flush_timeout_s", "heap_trim_interval_s",
+                 "prefill_window_ms"):
         if not getattr(s, name) >= 0:  # nan included
             raise SettingsError(f"--{name.replace('_', '-')} must be >= 0")
     if s.frontend_timeout_s != 0 and not s.frontend_timeout_s >= MIN_FRONTEND_TIMEOUT_S:

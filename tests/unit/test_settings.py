@@ -110,6 +110,7 @@ def test_settings_frontend_id_defaults_to_host_pid():
     (backend_settings, [], {"POCSERVE_POC_FORWARDS_IN_FLIGHT": "0"}, ["POCSERVE_POC_FORWARDS_IN_FLIGHT"]),
     (backend_settings, ["--heap-trim-interval-s", "-1"], {}, ["--heap-trim-interval-s", ">= 0"]),
     (backend_settings, [], {"POCSERVE_HEAP_TRIM_INTERVAL_S": "nan"}, ["--heap-trim-interval-s"]),
+    (backend_settings, ["--prefill-window-ms", "-5"], {}, ["--prefill-window-ms", ">= 0"]),
 ])
 def test_settings_bad_value_raises_settings_error_naming_it(module, argv, environ, names):
     with pytest.raises(SettingsError) as info:
