@@ -7,12 +7,13 @@ prefill step, and every decoding stream pays for each. `vllm serve` gathered ~1.
 the same arrivals (its API server hands requests over in bursts); ours, handing each over at once, ran 1.1–1.6× its
 prefill steps and a TPOT 1.16–1.4× its own (docs/benchmarks-history.md, 2026-12-07 (evening)).
 
-So while requests are decoding, the first waiting request holds new prefills for `window_s`, and then every request
-waiting joins the same step. TTFT grows by at most the window; with nothing decoding a request starts at once. The
-hold is vLLM's own: its scheduler defers prefills when asked (`Scheduler.schedule(throttle_prefills=True)`, which
-its data-parallel engine uses for the same end), and never defers once waiting requests outgrow a step. It is the
-policy of TGI's `max_waiting_tokens` and of vLLM V0's `scheduler_delay_factor`, in time rather than steps, so a
-model whose steps are longer than the window is not held at all.
+So while requests are decoding, the first waiting request holds new prefills for up to `window_s`, and then every
+request waiting joins the same step. A hold lasts whole steps, so a step is held only where the next one still ends
+within the window (the step length read as the time between two schedules): TTFT grows by at most the window, a
+model whose steps are longer than the window is never held, and with nothing decoding a request starts at once.
+The hold is vLLM's own: its scheduler defers prefills when asked (`Scheduler.schedule(throttle_prefills=True)`,
+which its data-parallel engine uses for the same end), and never once waiting requests outgrow a step. It is the
+policy of TGI's `max_waiting_tokens` and of vLLM V0's `scheduler_delay_factor`, in time rather than in steps.
 """
 
 from __future__ import annotations
@@ -29,15 +30,18 @@ class PrefillWindow:
         self._clock = clock
         # When the first schedule found requests waiting; None while none wait.
         self._opened_at: float | None = None
+        self._last_asked_at: float | None = None
 
     def should_defer(self, num_waiting: int) -> bool:
+        now = self._clock()
+        step_s = now - self._last_asked_at if self._last_asked_at is not None else float("inf")
+        self._last_asked_at = now
         if self.window_s <= 0 or num_waiting == 0:
             self._opened_at = None
             return False
-        now = self._clock()
         if self._opened_at is None:
             self._opened_at = now
-        if now - self._opened_at < self.window_s:
-            return True
+        if now - self._opened_at + step_s < self.window_s:
+            return True  # the next schedule still comes within the window
         self._opened_at = None  # released: whatever waits now goes in this step; later arrivals open a new window
         return False
