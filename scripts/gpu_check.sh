@@ -20,6 +20,9 @@
 #                                             # GPU each), ROUNDS (default 12) pairs of interleaved rounds; custom-ops
 #                                             # gives `vllm serve` our custom_ops ["all"] (one call each, < 9 min);
 #                                             # RMODEL="235b LAYERS": the 235B slice (block-FP8, dummy weights)
+#   bash scripts/gpu_check.sh prefill-window  # bench-serving-rounds at an open load (RATE, default 60 requests/s),
+#                                             # --step-log, once per ours' --prefill-window-ms in WINDOWS (default
+#                                             # "0 20"), ROUNDS (default 3) pairs each: one call (< 10 min)
 #   bash scripts/gpu_check.sh bench-beside    # validation jobs and 16 streaming chats beside a round (0.6B)
 #   bash scripts/gpu_check.sh bench-moe N Q   # the qwen3-235b-a22b shape at N layers (default 1), Q none|fp8:
 #                                             # PoC vs bare forward, chat vs `vllm serve`, first and second start
@@ -629,5 +632,17 @@ PY
     # One archive for the servers' logs: with py-spy's (spy.tgz, spy-split.txt) the call stays within 8 files.
     tar czf "$out/logs-$name.tgz" -C "$out" "logs-$name" && rm -r "${out:?}/logs-$name" || true
     free_gpus
+    ;;
+  prefill-window)  # prefill-window: ours' --prefill-window-ms at each of WINDOWS, each against `vllm serve`
+    for w in ${WINDOWS:-0 20}; do
+      EXTRA="--request-rate ${RATE:-60} --step-log --ours-arg=--prefill-window-ms=$w ${EXTRA:-}" \
+        TAG="open${RATE:-60}-window$w" ROUNDS="${ROUNDS:-3}" TIMEOUT_S="${TIMEOUT_S:-250}" \
+        bash "$0" bench-serving-rounds none | grep -E "^(pair|  (requests/s|TPOT p50|TTFT p50|e2e p50|prefill))" \
+        || true
+    done
+    # Within the 8 files a call brings back: the summaries as they are, the rest in one archive.
+    tar czf "$out/prefill-window.tgz" -C "$out" $(cd "$out" && ls serving-rounds-*.json serving-rounds-*.log \
+      logs-serving-rounds-*.tgz 2>/dev/null) && rm -f "$out"/serving-rounds-*.json "$out"/serving-rounds-*.log \
+      "$out"/logs-serving-rounds-*.tgz
     ;;
 esac

@@ -107,11 +107,11 @@ class BackendSettings:
                                           "exclusive round time-sliced: 2 = the next queued behind the one running, "
                                           "so the device does not wait between them for the engine thread; 1 = one "
                                           "at a time", type=int)
-    prefill_window_ms: float = setting("POCSERVE_PREFILL_WINDOW_MS", 10.0,
+    prefill_window_ms: float = setting("POCSERVE_PREFILL_WINDOW_MS", 0.0,
                                        "while chat requests decode, a new prefill waits up to this long for others "
                                        "to join its step (each step with a prefill costs every decoding stream "
-                                       "several decode steps' time); 0 = each at once (backend/engine/"
-                                       "prefill_window.py)")
+                                       "several decode steps' time on a fast GPU); 0 = each at once, the default "
+                                       "until measured on a GPU (backend/engine/prefill_window.py)")
     kernel_warmup: str = setting("POCSERVE_KERNEL_WARMUP", "auto",
                                  "before ready, run the model once at each step size whose kernels would otherwise "
                                  "compile at a first chat (the fused-MoE Triton kernel's tile sizes): auto = MoE "
