@@ -32,7 +32,7 @@ from backend.startup.settings import BackendSettings, load_settings
 from backend.transport.control import ControlPlane
 from backend.transport.curve import CurveGate
 from backend.transport.peers import PeerTable
-from backend.transport.server import LINK, SocketServer, shut_down
+from backend.transport.server import SocketServer, shut_down
 from common.config import SettingsError
 from common.logs import configure_logging, process_uptime_s
 from common.process import REFUSED, freeze_startup_heap, refuse, set_title
@@ -82,7 +82,7 @@ def stop_processor(proc: SpawnProcess) -> None:
 def build_loop(settings: BackendSettings, engine, server: SocketServer, inbox: queue.Queue, control: ControlPlane,
                store, processor: SpawnProcess, to_processor):
     """The engine loop with its collaborators; frontends are admitted once the processor is ready. What chat sends
-    the processor (identity LINK) goes out on the engine thread's own socket, `to_processor` (an EngineOut,
+    the processor goes out on the engine thread's own socket, `to_processor` (an EngineOut,
     backend/processor/link.py); its replies to frontends through the io thread."""
     from backend.core.chat import ChatRequests
     from backend.core.loop import BackendLoop
@@ -104,13 +104,7 @@ def build_loop(settings: BackendSettings, engine, server: SocketServer, inbox: q
         if not processor.is_alive():
             raise ProcessorDied(f"the processor process exited with code {processor.exitcode}")
 
-    def chat_send(identity: bytes, msg) -> None:
-        if identity == LINK:
-            to_processor.send(msg)
-        else:
-            server.send(identity, msg)
-
-    chat = ChatRequests(engine, chat_send, on_ready=on_processor_ready)
+    chat = ChatRequests(engine, server.send, to_processor.send, on_ready=on_processor_ready)
     artifacts = ArtifactQueue(engine.poc)
     pow_service = build_pow_service(settings, artifacts, chat, server.send, store,
                                     [fingerprint.served_model_name, fingerprint.model_path])

@@ -17,7 +17,6 @@ from backend.engine import EngineApi
 from backend.errors import BackendError, RequestError, RequestFailed, gate_error
 from backend.processor import PreparedRequests
 from backend.transport.peers import FrontendLost
-from backend.transport.server import LINK
 from protocol.common import ErrorInfo
 from protocol.generate import AbortRequest, GenerateErrorReply, GenerateRequest
 from protocol.processor import (
@@ -46,13 +45,14 @@ class Owner:
 
 
 class ChatRequests:
-    """The chat request table; engine thread only. `send(identity, msg)` queues a message for a frontend or,
-    with identity LINK, for the processor."""
+    """The chat request table; engine thread only. `send(identity, msg)` queues a message for a frontend,
+    `to_processor(msg)` sends one to the processor."""
 
-    def __init__(self, engine: EngineApi, send: Callable[[bytes, object], None], *,
-                 on_ready: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, engine: EngineApi, send: Callable[[bytes, object], None],
+                 to_processor: Callable[[object], None], *, on_ready: Callable[[], None] = lambda: None) -> None:
         self._engine = engine
         self._send = send
+        self._to_processor = to_processor
         self._on_ready = on_ready
         self.is_ready = False
         # True while a mining round holds the engine in exclusive mode: chat answers the fork's 503 (`gate_error`).
@@ -101,7 +101,7 @@ class ChatRequests:
         for out in outputs.outputs:
             if out.finish_reason is not None:
                 self._finished(out.request_id)
-        self._send(LINK, outputs)
+        self._to_processor(outputs)
 
     def _finished(self, internal_id: str) -> None:
         engine_rid = self._by_internal.pop(internal_id, None)
@@ -125,7 +125,7 @@ class ChatRequests:
         if not owned:
             return 0
         self.num_aborted += len(owned)
-        self._send(LINK, ForgetRequest(engine_rids=[r for r, _ in owned]))
+        self._to_processor(ForgetRequest(engine_rids=[r for r, _ in owned]))
         if reason is not None:
             for _, owner in owned:
                 self._send(owner.identity, GenerateErrorReply(rid=owner.rid, error=reason))
@@ -143,16 +143,16 @@ class ChatRequests:
             self._refuse(identity, msg.rid, _NOT_READY_ERROR)
         else:
             self.preparing[engine_rid] = Owner(identity, msg.rid, [])
-            self._send(LINK, PrepareRequest(engine_rid=engine_rid, identity=identity, request=msg))
+            self._to_processor(PrepareRequest(engine_rid=engine_rid, identity=identity, request=msg))
 
     def on_prepared(self, _identity: bytes, item: PreparedRequests) -> None:
         engine_rid = item.header.engine_rid
         owner = self.preparing.pop(engine_rid, None)
         if owner is None:  # aborted while the processor prepared it
-            self._send(LINK, ForgetRequest(engine_rids=[engine_rid]))
+            self._to_processor(ForgetRequest(engine_rids=[engine_rid]))
             return
         if self.is_gated:
-            self._send(LINK, ForgetRequest(engine_rids=[engine_rid]))
+            self._to_processor(ForgetRequest(engine_rids=[engine_rid]))
             self._refuse(owner.identity, owner.rid, gate_error())
             return
         added: list[str] = []
@@ -163,7 +163,7 @@ class ChatRequests:
         except Exception as e:  # one request failed to enter the engine; the loop goes on
             log.exception("request_add_failed", rid=owner.rid)
             self._engine.abort(added)
-            self._send(LINK, ForgetRequest(engine_rids=[engine_rid]))
+            self._to_processor(ForgetRequest(engine_rids=[engine_rid]))
             self._refuse(owner.identity, owner.rid, RequestFailed(f"internal error: {e}"))
             return
         owner.internal_ids = added
@@ -191,7 +191,7 @@ class ChatRequests:
             reply = TokenizeReply if isinstance(msg, TokenizeRequest) else DetokenizeReply
             self._send(identity, reply(rid=msg.rid, error=error))
             return
-        self._send(LINK, TokenizeJob(identity=identity, request=msg))
+        self._to_processor(TokenizeJob(identity=identity, request=msg))
 
     def on_abort(self, identity: bytes, msg: AbortRequest) -> None:
         if num := self.abort([f"{identity.hex()}-{rid}" for rid in msg.rids]):

@@ -69,6 +69,10 @@ class Sent:
     def __call__(self, identity: bytes, msg) -> None:
         self.items.append((identity, msg))
 
+    def to_processor(self, msg) -> None:
+        """The engine thread's socket to the processor, recorded in the same order as the replies."""
+        self.items.append((LINK, msg))
+
     def to_link(self, kind: type) -> list:
         return [m for i, m in self.items if i == LINK and isinstance(m, kind)]
 
@@ -78,7 +82,7 @@ class Sent:
 
 def _chat() -> tuple[ChatRequests, FakeEngine, Sent]:
     engine, sent = FakeEngine(), Sent()
-    chat = ChatRequests(engine, sent)
+    chat = ChatRequests(engine, sent, sent.to_processor)
     chat.on_processor_ready(LINK, ProcessorReady(pid=1, vocab_size=10))
     return chat, engine, sent
 
@@ -239,7 +243,7 @@ def test_chat_tokenize_goes_to_the_processor_with_the_frontend_identity():
 
 def test_chat_tokenize_before_the_processor_is_ready_is_503():
     engine, sent = FakeEngine(), Sent()
-    chat = ChatRequests(engine, sent)
+    chat = ChatRequests(engine, sent, sent.to_processor)
     chat.on_tokenize(A, TokenizeRequest(rid="t1", prompt="hi"))
     [(identity, reply)] = sent.items
     assert identity == A and isinstance(reply, TokenizeReply) and reply.error.status == 503
@@ -265,7 +269,7 @@ def test_chat_gate_refuses_new_requests_and_aborts_those_in_flight():
 def test_chat_refuses_requests_until_the_processor_is_ready():
     engine, sent = FakeEngine(), Sent()
     ready: list[bool] = []
-    chat = ChatRequests(engine, sent, on_ready=lambda: ready.append(True))
+    chat = ChatRequests(engine, sent, sent.to_processor, on_ready=lambda: ready.append(True))
     _generate(chat, A, "1")
     [(_, msg)] = sent.replies()
     assert msg.error.status == 503 and sent.to_link(PrepareRequest) == []

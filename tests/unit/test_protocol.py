@@ -354,7 +354,7 @@ def test_protocol_no_struct_is_array_like():
 # --- every union member has a handler ---
 
 def test_protocol_every_to_backend_type_has_one_handler():
-    chat = ChatRequests(engine=None, send=lambda identity, msg: None)
+    chat = ChatRequests(engine=None, send=lambda identity, msg: None, to_processor=lambda msg: None)
     pow_service = object.__new__(PowService)  # its handler table needs no state
     handlers = [*chat.handlers(), *pow_service.handlers()]
     assert len(handlers) == len(set(handlers)), "a type is handled twice on the engine thread"
@@ -370,7 +370,7 @@ def test_protocol_every_to_backend_type_has_one_handler():
 
 
 def test_protocol_every_message_from_the_processor_has_one_handler():
-    chat = ChatRequests(engine=None, send=lambda identity, msg: None)
+    chat = ChatRequests(engine=None, send=lambda identity, msg: None, to_processor=lambda msg: None)
     # Prepared arrives with its engine requests (PreparedRequests); ProcessorStats is kept by the io thread.
     handled = {PreparedRequests if t is PreparedRequests else t for t in chat.handlers()}
     expected = {PreparedRequests if t is Prepared else t for t in FROM_PROCESSOR_TYPES} - {ProcessorStats}
