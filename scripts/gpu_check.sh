@@ -636,7 +636,7 @@ PY
   prefill-window)  # prefill-window: ours' --prefill-window-ms at each of WINDOWS, each against `vllm serve`
     for w in ${WINDOWS:-0 20}; do
       EXTRA="--request-rate ${RATE:-60} --step-log --ours-arg=--prefill-window-ms=$w ${EXTRA:-}" \
-        TAG="open${RATE:-60}-window$w" ROUNDS="${ROUNDS:-3}" TIMEOUT_S="${TIMEOUT_S:-250}" \
+        TAG="open${RATE:-60}-window$w" ROUNDS="${ROUNDS:-3}" TIMEOUT_S="${TIMEOUT_S:-240}" \
         bash "$0" bench-serving-rounds none | grep -E "^(pair|  (requests/s|TPOT p50|TTFT p50|e2e p50|prefill))" \
         || true
     done

@@ -1,13 +1,14 @@
 """When chat's new prefills join the running decodes: arrivals gathered over a short window, not one step each.
 
 A step that carries a prefill costs the decoding requests far more than a decode-only step: on an H100 at an open
-load on the 0.6B shape it took 6.7–8.5 ms against 2.9–3.6 ms, most of it fixed host time (a mixed batch runs
-vLLM's piecewise graphs, not the full decode graph). Taken as they come, Poisson arrivals land about one per
-prefill step, and every decoding stream pays for each. `vllm serve` gathered ~1.5× more prefill tokens a step at
-the same arrivals (its API server hands requests over in bursts); ours, handing each over at once, ran 1.1–1.6× its
-prefill steps and a TPOT 1.16–1.4× its own (docs/benchmarks-history.md, 2026-12-07 (evening)).
+load on the 0.6B shape an interval with a prefill in or beside it took 1.95–2.65× a decode-only one, on both sides,
+though ~150 prompt tokens are little work there (presumably host time: vLLM runs a mixed batch in its piecewise
+graphs). Taken as they come, arrivals land about one per prefill step, and every decoding stream pays for each:
+ours, taking each request into the next step, ran 1.02–1.61× `vllm serve`'s prefill steps in all six pairs measured
+(docs/benchmarks-history.md, 2026-12-07 (evening)). Whether gathering them lowers ours' TPOT there is not measured
+yet, so the window is off by default (docs/decisions.md, "The prefill window").
 
-So while requests are decoding, the first waiting request holds new prefills for up to `window_s`, and then every
+With a window set, while requests decode the first waiting request holds new prefills for up to `window_s`, then every
 request waiting joins the same step. A hold lasts whole steps, so a step is held only where the next one still ends
 within the window (the step length read as the time between two schedules): TTFT grows by at most the window, a
 model whose steps are longer than the window is never held, and with nothing decoding a request starts at once.
