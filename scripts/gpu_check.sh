@@ -634,9 +634,11 @@ PY
     free_gpus
     ;;
   prefill-window)  # prefill-window: ours' --prefill-window-ms at each of WINDOWS, each against `vllm serve`
+    # Each window's run starts both servers again: ~100 s each on a fresh machine (cold compile caches, 2026-12-07:
+    # 240 s left the first window one round), ~60 s once warm; three pairs take ~100 s more.
     for w in ${WINDOWS:-0 20}; do
       EXTRA="--request-rate ${RATE:-60} --step-log --ours-arg=--prefill-window-ms=$w ${EXTRA:-}" \
-        TAG="open${RATE:-60}-window$w" ROUNDS="${ROUNDS:-3}" TIMEOUT_S="${TIMEOUT_S:-240}" \
+        TAG="open${RATE:-60}-window$w" ROUNDS="${ROUNDS:-3}" TIMEOUT_S="${TIMEOUT_S:-290}" \
         bash "$0" bench-serving-rounds none | grep -E "^(pair|  (requests/s|TPOT p50|TTFT p50|e2e p50|prefill))" \
         || true
     done

@@ -72,7 +72,11 @@ class BackendLoop:
         # A forward in flight is finished even once its task is gone (a /stop): its blocks stay leased until then.
         self.ingest(block=not (self.chat.has_work() or self.pow.has_work() or self.artifacts.is_in_flight))
         self.pow.feed()
-        self.execute(policy.choose(self.snapshot()))
+        if self._has_poc_work():
+            self.execute(policy.choose(self.snapshot()))
+        else:
+            self.linger_s()  # keeps when chat last ran, which the snapshot's linger and quiet read once PoC comes
+            self.execute(policy.without_poc(self.chat.has_work()))
         self.publish()
         self.on_timer()
 
@@ -91,7 +95,10 @@ class BackendLoop:
             self.artifacts.poll_batch(wait=self.chat.is_gated and not is_chat_running, budget_s=budget_s,
                                       is_chat_running=is_chat_running)
         self.pow.feed()
-        work = policy.choose_overlapped(self.snapshot())
+        if self._has_poc_work():
+            work = policy.choose_overlapped(self.snapshot())
+        else:
+            work = policy.overlapped_without_poc(self.chat.has_work())
         if work.launch_poc:
             started = time.perf_counter()
             self.artifacts.launch_batch(is_chat_running, budget_s, paced=work.paced)
@@ -103,6 +110,10 @@ class BackendLoop:
             self.engine.poc.release()  # a no-op while a forward is in flight
         self.publish()
         self.on_timer()
+
+    def _has_poc_work(self) -> bool:
+        """PoC has batches queued or a forward in flight: only then does the policy need its snapshot."""
+        return len(self.artifacts) > 0 or self.artifacts.is_in_flight
 
     def linger_s(self) -> float:
         """Seconds chat still counts as running: CHAT_LINGER_S while it has work (or a request is being

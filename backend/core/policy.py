@@ -129,6 +129,19 @@ class Idle:
 Work = EngineStep | PocBatch | PocChunk | PocLaunch | PocCollect | Idle
 
 
+def without_poc(has_engine_work: bool) -> EngineStep | Idle:
+    """What choose() answers while PoC has no work and no forward in flight, without a Snapshot: the engine loop's
+    path for chat alone, where building the snapshot and choosing took a fifth of the loop's own host time around
+    a step on the CPU engine (0.03 of 0.17 ms; docs/benchmarks-history.md, 2026-12-07 (night)). tests/unit/
+    test_policy.py holds it equal to choose() over every snapshot without PoC work."""
+    return _STEP if has_engine_work else _IDLE
+
+
+def overlapped_without_poc(has_engine_work: bool) -> Overlapped:
+    """choose_overlapped's answer in the same case."""
+    return _STEP_BESIDE if has_engine_work else _NOTHING_BESIDE
+
+
 def choose(s: Snapshot) -> Work:
     chat = EngineStep() if s.has_engine_work else Idle()  # Idle while only preparing: wait for it to arrive
     if s.is_poc_in_flight:
@@ -224,3 +237,8 @@ def choose_overlapped(s: Snapshot) -> Overlapped:
     step = s.has_engine_work and (s.chat_share > 0.0 or not poc_busy)
     paced = launch and not (s.is_chat_recent or s.is_chat_gated or s.is_chat_quiet)
     return Overlapped(launch_poc=launch, step_chat=step, paced=paced)
+
+
+_STEP, _IDLE = EngineStep(), Idle()
+_STEP_BESIDE = Overlapped(launch_poc=False, step_chat=True)
+_NOTHING_BESIDE = Overlapped(launch_poc=False, step_chat=False)

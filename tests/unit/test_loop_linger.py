@@ -53,10 +53,16 @@ def clock(monkeypatch):
     return now
 
 
+class FakeArtifacts(list):
+    """The artifact queue as these tests see it: its batches and whether a forward is in flight."""
+
+    is_in_flight = False
+
+
 def _loop(chat: FakeChat, inbox=None, has_batch: bool = False) -> BackendLoop:
-    pow = SimpleNamespace(handlers=lambda: {})
-    artifacts = ["batch"] if has_batch else []  # the loop asks the artifact queue only its length here
-    engine = SimpleNamespace(poc=SimpleNamespace(release=lambda: None))
+    pow = SimpleNamespace(handlers=lambda: {}, feed=lambda: None, has_work=lambda: False)
+    artifacts = FakeArtifacts(["batch"] if has_batch else [])
+    engine = SimpleNamespace(poc=SimpleNamespace(release=lambda: None, overlaps=False))
     return BackendLoop(engine, inbox or queue.Queue(), None, chat=chat, pow=pow, artifacts=artifacts,
                        send=lambda *a: None, share=ChatShare(0.5))
 
@@ -101,3 +107,21 @@ def test_idle_with_nothing_waiting_does_not_block(clock):
     inbox = RecordingInbox()
     _loop(FakeChat(), inbox, has_batch=False).execute(policy.Idle())
     assert inbox.timeouts == []  # the next turn's ingest blocks, with the loop's own idle wait
+
+
+def test_chat_alone_runs_without_a_snapshot_and_still_keeps_its_linger(clock, monkeypatch):
+    """With no PoC work the loop takes the policy's answer without building a snapshot (a chat step's host time),
+    yet still notes when chat last ran: a PoC batch arriving just after chat must find chat lingering."""
+    chat = FakeChat()
+    loop = _loop(chat)
+    executed: list = []
+    monkeypatch.setattr(loop, "snapshot", lambda: pytest.fail("a snapshot built without PoC work"))
+    monkeypatch.setattr(loop, "execute", executed.append)
+    monkeypatch.setattr(loop, "publish", lambda: None)
+    chat.work = True
+    loop.run_once()
+    assert executed == [policy.EngineStep()]
+    chat.work = False
+    clock.t += 0.5 * CHAT_LINGER_S
+    loop.artifacts.append("batch")  # PoC work comes: its snapshot reads the linger
+    assert loop.linger_s() == pytest.approx(0.5 * CHAT_LINGER_S)

@@ -330,3 +330,23 @@ PACED = [
 @pytest.mark.parametrize("snapshot,paced,why", PACED, ids=[row[2] for row in PACED])
 def test_policy_paces_a_forward_launched_while_chat_is_idle_but_recent(snapshot, paced, why):
     assert policy.choose_overlapped(snapshot).paced == paced, why
+
+
+# --- the loop's path without PoC work (without_poc, overlapped_without_poc): the policy's answer, no snapshot built
+
+def _snapshots_without_poc() -> list[Snapshot]:
+    """Every combination of the flags, with the numbers at their ends, where PoC has no work and nothing in flight."""
+    flags = [f.name for f in dataclasses.fields(Snapshot)
+             if f.type in (bool, "bool") and f.name not in ("has_poc_work", "is_poc_in_flight")]
+    numbers = [dict(chat_share=share, poc_credit_s=credit, poc_cost=cost, poc_max_batch=32)
+               for share in (0.0, 0.5, 1.0) for credit in (0.0, 1.0, INFINITE) for cost in (None, COST)]
+    return [Snapshot(**{name: bool(bits >> i & 1) for i, name in enumerate(flags)}, **extra)
+            for bits in range(1 << len(flags)) for extra in numbers]
+
+
+def test_policy_without_poc_is_what_choose_answers_for_every_snapshot_without_poc_work():
+    snapshots = _snapshots_without_poc()
+    assert len(snapshots) > 1000 and {s.has_engine_work for s in snapshots} == {True, False}
+    for s in snapshots:
+        assert policy.without_poc(s.has_engine_work) == policy.choose(s), s
+        assert policy.overlapped_without_poc(s.has_engine_work) == policy.choose_overlapped(s), s
