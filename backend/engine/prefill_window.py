@@ -5,8 +5,9 @@ load on the 0.6B shape an interval with a prefill in or beside it took 1.95–2.
 though ~150 prompt tokens are little work there (presumably host time: vLLM runs a mixed batch in its piecewise
 graphs). Taken as they come, arrivals land about one per prefill step, and every decoding stream pays for each:
 ours, taking each request into the next step, ran 1.02–1.61× `vllm serve`'s prefill steps in all six pairs measured
-(docs/benchmarks-history.md, 2026-12-07 (evening)). Whether gathering them lowers ours' TPOT there is not measured
-yet, so the window is off by default (docs/decisions.md, "The prefill window").
+(docs/benchmarks-history.md, 2026-12-07 (evening)). Gathering them at 20 ms brought ours to vLLM's prefill count
+there, but not its TPOT (2026-12-07 (night)), so the window is off by default (docs/decisions.md, "The prefill
+window").
 
 With a window set, while requests decode the first waiting request holds new prefills for up to `window_s`, then every
 request waiting joins the same step. A hold lasts whole steps, so a step is held only where the next one still ends
