@@ -270,6 +270,7 @@ def steps_line(r: dict) -> str:
         return ""
     phases = ", ".join(f"{name} {ms:.3f}" for name, ms in zip(PHASES, r["step_decode_phases_ms"], strict=True))
     return (f"{r['step_decode_count']} decode-only intervals, {r['step_decode_ms']:.3f} ms mean at "
-            f"{r['step_decode_batch']:.1f} requests (host phases ms: {phases}); {r['step_mixed_count']} mixed, "
+            f"{r['step_decode_batch']:.1f} requests (host phases ms: {phases}; outside them "
+            f"{r['step_decode_ms'] - r['step_decode_host_ms']:.3f}); {r['step_mixed_count']} mixed, "
             f"{r['step_mixed_ms']:.3f} ms mean; {r['step_prefill_count']} steps with a prefill, "
             f"{r['step_prefill_tokens']:.0f} prefill tokens each")

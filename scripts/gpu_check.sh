@@ -23,6 +23,8 @@
 #   bash scripts/gpu_check.sh prefill-window  # bench-serving-rounds at an open load (RATE, default 60 requests/s),
 #                                             # --step-log, once per ours' --prefill-window-ms in WINDOWS (default
 #                                             # "0 20"), ROUNDS (default 3) pairs each: one call (< 10 min)
+#   bash scripts/gpu_check.sh forward-cost    # the same load with the processor's deltas sent every FLUSH_EVERY
+#                                             # (default 8) steps: what the io thread's forwarding costs a step
 #   bash scripts/gpu_check.sh bench-beside    # validation jobs and 16 streaming chats beside a round (0.6B)
 #   bash scripts/gpu_check.sh bench-moe N Q   # the qwen3-235b-a22b shape at N layers (default 1), Q none|fp8:
 #                                             # PoC vs bare forward, chat vs `vllm serve`, first and second start
@@ -646,5 +648,17 @@ PY
     tar czf "$out/prefill-window.tgz" -C "$out" $(cd "$out" && ls serving-rounds-*.json serving-rounds-*.log \
       logs-serving-rounds-*.tgz 2>/dev/null) && rm -f "$out"/serving-rounds-*.json "$out"/serving-rounds-*.log \
       "$out"/logs-serving-rounds-*.tgz
+    ;;
+  forward-cost)  # the io thread's forwarding of the processor's deltas, measured by taking most of it away
+    # The processor sends the deltas every FLUSH_EVERY engine steps (and when idle) instead of every step: a patch of
+    # the device's copy only, reverted after (not a setting: it delays every stream). The step log then says whether
+    # ours' engine thread blocks less a step and spends less outside vLLM's phases (docs/benchmarks-history.md,
+    # 2026-12-07 (night)). Cold servers take ~100 s to start: TIMEOUT_S 330 holds 3 pairs.
+    patch=bench/experiments/processor-flush-every.patch
+    git apply "$patch" || { echo "forward-cost: $patch no longer applies to backend/processor/main.py"; exit 1; }
+    EXTRA="--request-rate ${RATE:-60} --step-log --ours-env POCSERVE_EXPERIMENT_FLUSH_EVERY=${FLUSH_EVERY:-8} ${EXTRA:-}" \
+      TAG="open${RATE:-60}-flush${FLUSH_EVERY:-8}" ROUNDS="${ROUNDS:-3}" TIMEOUT_S="${TIMEOUT_S:-330}" \
+      bash "$0" bench-serving-rounds none || true
+    git apply -R "$patch"
     ;;
 esac
