@@ -110,8 +110,8 @@ class BackendSettings:
     prefill_window_ms: float = setting("POCSERVE_PREFILL_WINDOW_MS", 0.0,
                                        "while chat requests decode, a new prefill waits up to this long for others "
                                        "to join its step (each step with a prefill costs every decoding stream "
-                                       "several decode steps' time on a fast GPU); 0 = each at once, the default: on an "
-                                       "H100 20 ms gathered prefills but did not lower TPOT "
+                                       "several decode steps' time on a fast GPU); 0 = each at once, the default: "
+                                       "on an H100 20 ms gathered prefills but did not lower TPOT "
                                        "(backend/engine/prefill_window.py)")
     kernel_warmup: str = setting("POCSERVE_KERNEL_WARMUP", "auto",
                                  "before ready, run the model once at each step size whose kernels would otherwise "

@@ -100,7 +100,8 @@ def test_a_round_is_read_from_the_process_that_stepped_most(tmp_path: Path) -> N
     assert (r["step_prefill_count"], r["step_prefill_tokens"]) == (11, 188)  # steps 0, 10, ..., 100; 220 - 32
     assert steps_line(r) == (
         "70 decode-only intervals, 2.000 ms mean at 32.0 requests (host phases ms: schedule 0.100, execute 0.500, "
-        "sample 0.200, update 0.300; outside them 0.900); 29 mixed, 2.000 ms mean; 11 steps with a prefill, 188 prefill tokens each")
+        "sample 0.200, update 0.300; outside them 0.900); 29 mixed, 2.000 ms mean; 11 steps with a prefill, "
+        "188 prefill tokens each")
     assert round_steps(tmp_path, 1000.005, 1000.099)["step_prefill_count"] == 4  # steps 10, 20, 30, 40 end within
     empty = round_steps(tmp_path, 0.0, 1.0)
     assert empty["step_decode_count"] == 0 and math.isnan(empty["step_decode_ms"])
