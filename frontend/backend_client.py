@@ -103,6 +103,7 @@ class BackendClient:
         self._instance_id: str | None = None
         self._alive = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
+        self._is_closing = False
 
     # --- lifecycle ---
 
@@ -123,6 +124,10 @@ class BackendClient:
         self._tasks = [asyncio.create_task(self._pinger(), name="backend-pinger")]
 
     async def close(self) -> None:
+        # The flag as well as the cancel: on Python 3.11 asyncio.wait_for swallows a cancel that comes in the
+        # iteration its future completes (a pong, or the failure a lost connection sets), and the pinger went on
+        # pinging, so a frontend's shutdown hung until its supervisor killed it (seen in a busy test run).
+        self._is_closing = True
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -252,7 +257,7 @@ class BackendClient:
     # --- background tasks ---
 
     async def _pinger(self) -> None:
-        while True:
+        while not self._is_closing:
             try:
                 self._on_stats(await self.ping(self.backend_timeout_s))
             except BackendUnavailable:

@@ -27,7 +27,7 @@ from backend.pow.service import PowService
 from backend.processor import PreparedRequests
 from backend.transport.peers import FrontendLost
 from backend.transport.server import SocketServer
-from frontend.backend_client import BackendClient
+from frontend.backend_client import BackendClient, BackendUnavailable
 from protocol.codec import ToBackend, ToFrontend, backend_codec, frontend_codec
 from protocol.common import (
     BackendStats,
@@ -556,3 +556,28 @@ def test_protocol_hostile_frames_raise_decode_error(make_codec, frame):
     """These used to escape as RecursionError / UnicodeDecodeError and kill the thread or task decoding them."""
     with pytest.raises(msgspec.DecodeError):
         make_codec().decode(frame)
+
+
+async def test_close_ends_the_pinger_even_when_its_ping_swallows_the_cancel(bare_client, monkeypatch):
+    """On Python 3.11 asyncio.wait_for returns its future's outcome instead of raising CancelledError when both land
+    in one loop iteration (a pong, or the failure a lost backend sets): the pinger must still end at close, or the
+    frontend's shutdown hangs until its supervisor kills it."""
+    async def ping_that_swallows_the_cancel(timeout_s=None):
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            raise BackendUnavailable("the backend went away as the cancel came") from None
+
+    monkeypatch.setattr(bare_client, "ping", ping_that_swallows_the_cancel)
+    bare_client.ping_interval_s = 0.01
+    pinger = asyncio.create_task(bare_client._pinger())
+    bare_client._tasks = [pinger]
+    await asyncio.sleep(0.05)  # the pinger is waiting on its ping
+    try:
+        await asyncio.wait_for(asyncio.shield(bare_client.close()), 10)
+    finally:
+        for _ in range(1000):  # a pinger that outlived close: cancelled while it sleeps, so the fixture's close ends
+            if pinger.done():
+                break
+            pinger.cancel()
+            await asyncio.sleep(0.002)
