@@ -143,7 +143,7 @@ def overlapped_without_poc(has_engine_work: bool) -> Overlapped:
 
 
 def choose(s: Snapshot) -> Work:
-    chat = EngineStep() if s.has_engine_work else Idle()  # Idle while only preparing: wait for it to arrive
+    chat = without_poc(s.has_engine_work)  # Idle while only preparing: wait for it to arrive
     if s.is_poc_in_flight:
         return _pipelined_forward(s) if s.is_poc_pipelined else _parked_forward(s, chat)
     poc_ready = s.has_poc_work and not (s.is_poc_blocked and s.has_engine_work)

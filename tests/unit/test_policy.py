@@ -348,5 +348,7 @@ def test_policy_without_poc_is_what_choose_answers_for_every_snapshot_without_po
     snapshots = _snapshots_without_poc()
     assert len(snapshots) > 1000 and {s.has_engine_work for s in snapshots} == {True, False}
     for s in snapshots:
+        # Spelled out as well: choose() itself answers through without_poc on this path.
+        assert policy.choose(s) == (EngineStep() if s.has_engine_work else Idle()), s
         assert policy.without_poc(s.has_engine_work) == policy.choose(s), s
         assert policy.overlapped_without_poc(s.has_engine_work) == policy.choose_overlapped(s), s
