@@ -13,7 +13,7 @@ import contextlib
 import itertools
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import cast
 
 import msgspec
@@ -22,6 +22,8 @@ import zmq
 
 from common.curve import KeyFile, set_client_keys
 from common.sockets import make_client_socket
+from frontend.backend_errors import BackendRequestError, BackendUnavailable
+from frontend.direct import DirectConnection, connect_address
 from frontend.handshakes import HandshakeWatch
 from frontend.liveness import Liveness
 from protocol.codec import frontend_codec
@@ -31,7 +33,6 @@ from protocol.control import (
     ErrorReply,
     HelloRequest,
     MetricsReply,
-    MetricsRequest,
     PingRequest,
     PongReply,
     ReadyReply,
@@ -51,18 +52,6 @@ from protocol.version import PROTOCOL_VERSION
 log = structlog.get_logger(__name__)
 
 
-class BackendUnavailable(Exception):
-    """The backend cannot take or finish this request now: answer 503."""
-
-
-class BackendRequestError(Exception):
-    """The backend refused or failed one request (its ErrorInfo says how to answer)."""
-
-    def __init__(self, info: ErrorInfo) -> None:
-        super().__init__(info.message)
-        self.info = info
-
-
 class BackendClient:
     def __init__(self, address: str, frontend_id: str, *, ping_interval_s: float = 0.5,
                  backend_timeout_s: float = 1.5, backend_wait_s: float = 1.0, breaker_misses: int = 3,
@@ -79,6 +68,8 @@ class BackendClient:
         self.curve_server_key = curve_server_key
         self.refused_retry_s = refused_retry_s
         self.handshakes: HandshakeWatch | None = None
+        # The second connection, to the backend's processor, once a ReadyReply names it (frontend/direct.py).
+        self.direct: DirectConnection | None = None
         self.fingerprint: Fingerprint | None = None
         self.stats: BackendStats | None = None
         self.incompatible: str | None = None
@@ -108,20 +99,22 @@ class BackendClient:
     # --- lifecycle ---
 
     async def start(self) -> None:
-        timeout_ms = max(100, int(self.backend_timeout_s * 1000))
-        sock = make_client_socket(self._ctx, self._routing_id, timeout_ms=timeout_ms,
+        self._loop = asyncio.get_running_loop()
+        self._sock, self.handshakes = self._connect(self.address, self._on_connection)
+        self._loop.add_reader(self._sock, self._drain)
+        self._tasks = [asyncio.create_task(self._pinger(), name="backend-pinger")]
+
+    def _connect(self, address: str, on_change: Callable[[bool], None]) -> tuple[zmq.Socket, HandshakeWatch]:
+        """A DEALER to `address` with our routing id, heartbeats and CURVE keys, its handshakes watched."""
+        sock = make_client_socket(self._ctx, self._routing_id, timeout_ms=max(100, int(self.backend_timeout_s * 1000)),
                                   heartbeat_ivl_ms=max(10, int(self.ping_interval_s * 1000)))
         if self.curve_keys is not None and self.curve_server_key is not None:
             # The backend answers nothing until its ZAP handler admits our public key.
             set_client_keys(sock, self.curve_keys, self.curve_server_key)
-        self._loop = asyncio.get_running_loop()
-        self.handshakes = HandshakeWatch(sock, self.address, self._loop, retry_s=self.refused_retry_s,
-                                         public_key=self.curve_keys.public_key if self.curve_keys else None,
-                                         on_change=self._on_connection)
-        sock.connect(self.address)
-        self._sock = sock
-        self._loop.add_reader(sock, self._drain)
-        self._tasks = [asyncio.create_task(self._pinger(), name="backend-pinger")]
+        watch = HandshakeWatch(sock, address, self._loop, retry_s=self.refused_retry_s,
+                               public_key=self.curve_keys.public_key if self.curve_keys else None, on_change=on_change)
+        sock.connect(address)
+        return sock, watch
 
     async def close(self) -> None:
         # The flag as well as the cancel: on Python 3.11 asyncio.wait_for swallows a cancel that comes in the
@@ -132,6 +125,8 @@ class BackendClient:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._fail_all("frontend shutting down")
+        if self.direct is not None:
+            self.direct.close()
         if self._sock is not None:
             self._loop.remove_reader(self._sock)
             if self.handshakes is not None:
@@ -208,17 +203,6 @@ class BackendClient:
         finally:
             self._calls.pop(req.rid, None)
 
-    async def vllm_metrics(self) -> bytes:
-        """The vllm:* families vLLM's stat logger keeps in the backend's processor, as Prometheus text; empty when
-        the backend is down or does not answer within the backend timeout (the scrape goes on without them)."""
-        if not self.is_alive:
-            return b""
-        try:
-            reply = await self.call(MetricsRequest(rid=self.new_rid()), self.backend_timeout_s)
-        except (BackendUnavailable, BackendRequestError):
-            return b""
-        return reply.text
-
     async def ping(self, timeout_s: float | None = None) -> BackendStats:
         """Round trip to the backend; raises BackendUnavailable on timeout."""
         ping_id = next(self._ping_ids)
@@ -275,6 +259,8 @@ class BackendClient:
             self._orphans.clear()  # a new backend instance never had them
         if self._orphans:
             asyncio.get_running_loop().create_task(self._abort_orphans())
+        if self.direct is not None:
+            self.direct.hello(self._codec.encode(self._hello()))
         if self.fingerprint is None and not self.incompatible:
             # Answered once the backend's engine is up; until then every pong retries it.
             asyncio.get_running_loop().create_task(self._send_hello())
@@ -292,17 +278,20 @@ class BackendClient:
     def _is_connected(self) -> bool:
         return self.handshakes is not None and self.handshakes.is_connected
 
-    def _on_connection(self, is_connected: bool) -> None:
-        """The HandshakeWatch's callback: a lost connection fails the streams at once, answered pings or not."""
+    def _on_connection(self, is_connected: bool, address: str | None = None) -> None:
+        """Either HandshakeWatch's callback: a lost connection fails the streams at once, answered pings or not."""
         if is_connected or not self.is_alive:
             return
-        log.warning("backend_disconnected", address=self.address, streams=len(self._streams))
+        log.warning("backend_disconnected", address=address or self.address, streams=len(self._streams))
         self._orphans.update(self._streams)  # failed here, maybe still running there
         self._mark_down("backend disconnected")
 
     async def _send_hello(self) -> None:
         with contextlib.suppress(BackendUnavailable):  # retried on the next pong
-            await self._send(HelloRequest(protocol_version=PROTOCOL_VERSION, frontend_id=self.frontend_id))
+            await self._send(self._hello())
+
+    def _hello(self) -> HelloRequest:
+        return HelloRequest(protocol_version=PROTOCOL_VERSION, frontend_id=self.frontend_id)
 
     async def _abort_orphans(self) -> None:
         rids = sorted(self._orphans)
@@ -331,15 +320,18 @@ class BackendClient:
         if sock is None or sock.closed:
             return
         while cast(int, sock.get(zmq.EVENTS)) & zmq.POLLIN:
-            frame = sock.recv(zmq.NOBLOCK)
-            try:
-                msg = self._codec.decode(frame)
-            except msgspec.DecodeError as e:
-                # A malformed reply is counted and dropped; it must never kill the frontend.
-                self.num_malformed_replies += 1
-                log.warning("backend_reply_malformed", error=str(e)[:200], num=self.num_malformed_replies)
-                continue
-            self._dispatch(msg)
+            self._on_frame(sock.recv(zmq.NOBLOCK))
+
+    def _on_frame(self, frame: bytes) -> None:
+        """A message from either connection."""
+        try:
+            msg = self._codec.decode(frame)
+        except msgspec.DecodeError as e:
+            # A malformed reply is counted and dropped; it must never kill the frontend.
+            self.num_malformed_replies += 1
+            log.warning("backend_reply_malformed", error=str(e)[:200], num=self.num_malformed_replies)
+            return
+        self._dispatch(msg)
 
     def _dispatch(self, msg) -> None:
         match msg:
@@ -359,8 +351,10 @@ class BackendClient:
                 fut = self._pings.get(ping_id)
                 if fut is not None and not fut.done():
                     fut.set_result(stats)
-            case ReadyReply(fingerprint=fp, refusal=refusal):
+            case ReadyReply(fingerprint=fp, refusal=refusal, deltas_endpoint=endpoint):
                 self._on_ready(fp, refusal)
+                if fp is not None:
+                    self._open_direct(endpoint)
             case DeadEvent(reason=reason):
                 # A dying backend answers every ping with this for a moment (SocketServer.send_dead): log once.
                 if self._instance_id is not None or self.fingerprint is not None:
@@ -391,3 +385,17 @@ class BackendClient:
         self.fingerprint = fp
         log.info("backend_handshake", **msgspec.structs.asdict(fp))
         self._alive.set()
+
+    def _open_direct(self, endpoint: str | None) -> None:
+        """The second connection to where the backend's processor sends deltas itself; kept across backend
+        restarts while the endpoint stays (it reconnects by itself), replaced when it moves."""
+        address = connect_address(self.address, endpoint) if endpoint is not None else None
+        if self.direct is not None:
+            if self.direct.address == address:
+                return
+            self.direct.close()
+            self.direct = None
+        if address is not None:
+            sock, watch = self._connect(address, lambda is_up: self._on_connection(is_up, address))
+            self.direct = DirectConnection(sock, watch, self._loop, self._on_frame)
+            self.direct.hello(self._codec.encode(self._hello()))

@@ -50,12 +50,19 @@ class BackendCollector:
             c.add_metric([], float(value))
             yield c
         # This frontend's own view of the link, reported while the backend is down too (that is when it matters).
+        direct = self._client.direct
+        connected = GaugeMetricFamily("pocserve_frontend_direct_connected", "1 while this frontend's second "
+                                      "connection, on which the backend's processor sends it deltas itself, is up")
+        connected.add_metric([], float(direct is not None and direct.is_connected))
+        yield connected
         handshakes = self._client.handshakes
         for name, doc, value in (
             ("pocserve_frontend_curve_refusals", "This frontend's CURVE handshakes the backend refused.",
              handshakes.num_refused if handshakes is not None else 0),
             ("pocserve_backend_malformed_replies", "Backend replies this frontend could not decode.",
              self._client.num_malformed_replies),
+            ("pocserve_frontend_direct_messages", "Messages (deltas, replies) that came on the second connection.",
+             direct.num_messages if direct is not None else 0),
         ):
             c = CounterMetricFamily(name, doc)
             c.add_metric([], float(value))

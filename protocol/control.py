@@ -17,6 +17,10 @@ class ReadyReply(msgspec.Struct, tag="ready", kw_only=True):
     fingerprint: Fingerprint | None = None
     # Set when it refuses it (protocol version mismatch); the frontend must exit.
     refusal: str | None = None
+    # Where the backend's processor sends deltas itself, as it bound it (tcp: the frontend keeps its own host for
+    # the backend and takes this port); the frontend connects a second DEALER there. None: every delta comes on
+    # this connection.
+    deltas_endpoint: str | None = None
 
 
 class PingRequest(msgspec.Struct, tag="ping", kw_only=True):

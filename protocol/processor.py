@@ -2,8 +2,9 @@
 
 The processor turns GenerateRequests into vLLM EngineCoreRequests (chat template, tokenizer, input checks) and
 the engine's EngineCoreOutputs into DeltasEvents (detokenizer, stop strings, logprobs), which it sends to the
-frontends through the engine process's io thread. vLLM's own structs travel as the frames that follow one of
-these headers, encoded by vLLM's MsgpackEncoder (as between vLLM's API server and its engine core).
+frontends on a socket of its own (a frontend's second connection) or through the engine process's io thread.
+vLLM's own structs travel as the frames that follow one of these headers, encoded by vLLM's MsgpackEncoder (as
+between vLLM's API server and its engine core).
 
 Frames on the link: [header] or [header, *vllm_frames] for the structs below, and [FORWARD, identity,
 payload, identity, payload, ...] for encoded ToFrontend messages the io thread passes on unread.
@@ -92,6 +93,8 @@ class ProcessorReady(msgspec.Struct, tag="p.ready", kw_only=True):
 
     pid: int
     vocab_size: int
+    # Where the processor sends frontends their deltas itself (backend/processor/direct.py), as bound; None: off.
+    deltas_endpoint: str | None = None
 
 
 ToProcessor = PrepareRequest | EngineOutputs | ForgetRequest | TokenizeJob | MetricsJob | EngineBuilt

@@ -23,6 +23,7 @@ def run_processor(settings: BackendSettings, link_dir: str) -> None:
 
     from backend.processor import engine_address, link_address
     from backend.processor.build import build
+    from backend.processor.direct import DirectDeltas, bind_address
     from backend.processor.main import Processor
     from common.logs import configure_logging, process_uptime_s
     from common.sockets import make_socket
@@ -35,6 +36,16 @@ def run_processor(settings: BackendSettings, link_dir: str) -> None:
     link, engine = make_socket(ctx, zmq.PAIR), make_socket(ctx, zmq.PAIR)
     link.connect(link_address(link_dir))
     engine.connect(engine_address(link_dir))
+    direct = DirectDeltas.open(ctx, bind_address(settings.deltas_address, settings.address), _curve_gate(settings))
+    ready.deltas_endpoint = direct.endpoint if direct is not None else None
     structlog.get_logger(__name__).info("processor_ready", pid=os.getpid(), uptime_s=process_uptime_s(),
                                         heap_frozen_objects=freeze_startup_heap(), **phases_s)
-    Processor(ctx, link, engine, preparer, presenter, tokenizing).run(ready)
+    Processor(ctx, link, engine, preparer, presenter, tokenizing, direct).run(ready)
+
+
+def _curve_gate(settings: BackendSettings):
+    """The same keys and clients as the backend's own socket (its gate is the engine process's)."""
+    if settings.curve_server_secret_key_file is None or settings.curve_clients_dir is None:
+        return None
+    from backend.transport.curve import CurveGate
+    return CurveGate(settings.curve_server_secret_key_file, settings.curve_clients_dir)

@@ -2,7 +2,8 @@
 
 Spawned by the engine process (`start_processor`), it does what vLLM's API server does around its engine core,
 without HTTP: chat templates and tokenizing in, detokenizing, stop strings and logprobs out, and it sends the
-deltas straight to the frontends (through the engine process's io thread, which forwards them unread). So the
+deltas straight to the frontends: on a socket of its own where a frontend connected to it (backend/processor/
+direct.py), else through the engine process's io thread, which forwards them unread. So the
 engine thread only steps the engine, as `vllm serve`'s engine process does, and the two never share a GIL. What the
 engine thread sends comes on a socket of its own (`engine`), the rest on the link; each keeps its order.
 
@@ -25,6 +26,7 @@ import zmq
 
 from backend.errors import RequestError
 from backend.processor import cost
+from backend.processor.direct import DirectDeltas
 from backend.processor.link import ProcessorSide
 from backend.processor.tokenization import Tokenization
 from common.sockets import make_socket
@@ -55,9 +57,10 @@ class Processor:
     """Serves the two sockets: PrepareRequest → Prepared/PrepareFailed, EngineCoreOutputs → deltas to frontends."""
 
     def __init__(self, ctx: zmq.Context, link: zmq.Socket, engine: zmq.Socket, preparer, presenter,
-                 tokenizing: Tokenization) -> None:
+                 tokenizing: Tokenization, direct: DirectDeltas | None = None) -> None:
         self._link = link
         self._engine = engine
+        self._direct = direct
         self._codec = ProcessorSide()
         self._frontend_codec = backend_codec()
         self._preparer = preparer
@@ -79,8 +82,12 @@ class Processor:
         poller.register(self._link, zmq.POLLIN)
         poller.register(self._wake, zmq.POLLIN)
         poller.register(self._engine, zmq.POLLIN)
+        for sock in self._direct.sockets if self._direct is not None else ():
+            poller.register(sock, zmq.POLLIN)
         while True:
             events = dict(poller.poll(100))
+            if self._direct is not None:
+                self._direct.on_events(events)
             if self._engine in events:
                 self._on_message(self._codec.decode(self._engine.recv_multipart(copy=False)))
             if self._link in events:
@@ -135,12 +142,18 @@ class Processor:
 
     def _finish_long(self, msg: PrepareRequest | TokenizeJob, outcome) -> None:
         if isinstance(msg, TokenizeJob):
-            self._link.send_multipart([FORWARD, msg.identity, outcome])
+            self._to_frontend(msg.identity, outcome)
         else:
             self._admit(msg, outcome)
 
     def _reply(self, job: TokenizeJob | MetricsJob, reply) -> None:
-        self._link.send_multipart([FORWARD, job.identity, self._frontend_codec.encode(reply)])
+        self._to_frontend(job.identity, self._frontend_codec.encode(reply))
+
+    def _to_frontend(self, identity: bytes, payload) -> None:
+        """One message, in no stream: directly where the frontend said Hello, else through the engine process."""
+        direct = self._direct
+        if direct is None or not direct.is_direct(identity) or not direct.send(identity, payload):
+            self._link.send_multipart([FORWARD, identity, payload])
 
     def _admit(self, msg: PrepareRequest, tokenized) -> None:
         try:
@@ -155,8 +168,9 @@ class Processor:
             info = ErrorInfo(status=500, message=f"internal error: {e}", type="InternalServerError")
             self._link.send_multipart(self._codec.encode(PrepareFailed(engine_rid=msg.engine_rid, error=info)))
             return
+        is_direct = self._direct is not None and self._direct.is_direct(msg.identity)
         self._presenter.add(engine, msg.identity, msg.request.rid, msg.request.sampling.logprobs or 0,
-                            msg.request.stream, tokenized.parsing)
+                            msg.request.stream, tokenized.parsing, is_direct=is_direct)
         reply = Prepared(engine_rid=msg.engine_rid, internal_ids=[r.request_id for r in engine.requests])
         self._link.send_multipart(self._codec.encode(reply, engine.requests))
 
@@ -164,9 +178,14 @@ class Processor:
         by_frontend, stopped = self._presenter.present(outputs)
         if by_frontend:
             frames = [FORWARD]
-            for identity, deltas in by_frontend.items():
-                frames += [identity, self._frontend_codec.encode(DeltasEvent(deltas=deltas))]
-            self._link.send_multipart(frames, copy=False)
+            for (identity, is_direct), deltas in by_frontend.items():
+                payload = self._frontend_codec.encode(DeltasEvent(deltas=deltas))
+                # A direct stream whose frontend is gone from here goes on through the engine process: that
+                # frontend failed its streams when the connection dropped, so nothing it still reads is reordered.
+                if not (is_direct and self._direct is not None and self._direct.send(identity, payload)):
+                    frames += [identity, payload]
+            if len(frames) > 1:
+                self._link.send_multipart(frames, copy=False)
         if stopped:
             self._link.send_multipart(self._codec.encode(StopStringsHit(internal_ids=stopped)))
 

@@ -31,6 +31,8 @@ class Route:
     num_top_logprobs: int
     is_stream: bool
     parsing: RequestParsing | None = None
+    # Its deltas go on the processor's own socket (backend/processor/direct.py), decided once when prepared.
+    is_direct: bool = False
     # Choice index → tokens generated so far.
     num_generated: dict[int, int] = field(default_factory=dict)
 
@@ -50,14 +52,14 @@ class Presenter:
         return len(self._routes)
 
     def add(self, engine: EngineRequests, identity: bytes, rid: str, num_top_logprobs: int, is_stream: bool,
-            parsing: RequestParsing | None = None) -> None:
+            parsing: RequestParsing | None = None, *, is_direct: bool = False) -> None:
         for index, request in enumerate(engine.requests):
             self._outputs.add_request(request, None, engine.parent, index)
         first = engine.requests[0]
         engine_rid = first.external_req_id
         internal_ids = [r.request_id for r in engine.requests]
         self._routes[engine_rid] = Route(identity, rid, internal_ids, len(first.prompt_token_ids or ()),
-                                         num_top_logprobs, is_stream, parsing)
+                                         num_top_logprobs, is_stream, parsing, is_direct)
         for internal_id in internal_ids:
             self._by_internal[internal_id] = engine_rid
 
@@ -73,9 +75,9 @@ class Presenter:
             for internal_id in route.internal_ids:
                 self._by_internal.pop(internal_id, None)
 
-    def present(self, outputs: EngineCoreOutputs) -> tuple[dict[bytes, list[Delta]], list[str]]:
-        """(deltas by frontend, internal ids of the choices that stopped on a stop string: the engine must abort
-        them)."""
+    def present(self, outputs: EngineCoreOutputs) -> tuple[dict[tuple[bytes, bool], list[Delta]], list[str]]:
+        """(deltas by frontend and path (is_direct), internal ids of the choices that stopped on a stop string: the
+        engine must abort them)."""
         iteration_stats = IterationStats() if outputs.outputs else None
         processed = self._outputs.process_outputs(outputs.outputs, engine_core_timestamp=outputs.timestamp,
                                                   iteration_stats=iteration_stats)
@@ -85,7 +87,7 @@ class Presenter:
         self.metrics.record(outputs.scheduler_stats, iteration_stats)
         # Stop strings are found here, not in the engine: its requests run on until the engine aborts them.
         stopped = [i for i in processed.reqs_to_abort if i in self._by_internal]
-        by_frontend: dict[bytes, list[Delta]] = defaultdict(list)
+        by_frontend: dict[tuple[bytes, bool], list[Delta]] = defaultdict(list)
         for out in processed.request_outputs:
             route = self._routes.get(out.request_id)
             if route is None:  # aborted after this step was scheduled
@@ -97,7 +99,7 @@ class Presenter:
                     # otherwise): the frontend picks the same one.
                     delta.num_cached_tokens = out.num_cached_tokens
                     delta.num_cache_creation_tokens = out.num_cache_creation_tokens
-                    by_frontend[route.identity].append(delta)
+                    by_frontend[route.identity, route.is_direct].append(delta)
             if out.finished:
                 self._drop(out.request_id)
         return by_frontend, stopped

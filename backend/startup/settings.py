@@ -29,6 +29,12 @@ class BackendSettings:
     address: str = setting("POCSERVE_BACKEND_ADDRESS", DEFAULT_ADDRESS,
                            "ZMQ address the backend binds (ipc:// or tcp://host:port; no wildcard unless bind_any)")
     bind_any: bool = setting("POCSERVE_BACKEND_BIND_ANY", False, "allow binding tcp://0.0.0.0 / tcp://* (containers)")
+    deltas_address: str = setting(
+        "POCSERVE_DELTAS_ADDRESS", "auto",
+        "ZMQ address the processor process binds for the frontends' second connection, on which it sends them "
+        "their streams' deltas itself instead of through the engine process (backend/processor/direct.py): "
+        "auto = --address's port + 1 (tcp) or its path + '.deltas' (ipc), off = every delta through the engine "
+        "process, or an ipc:// / tcp:// address; one that cannot be bound is logged and left off")
     # Loaded and checked at start; both set or both None (CURVE off).
     curve_server_secret_key_file: KeyFile | None = setting(
         "POCSERVE_CURVE_SERVER_SECRET_KEY_FILE", "",
@@ -150,6 +156,9 @@ def _check(s: BackendSettings) -> None:
     if (s.curve_server_secret_key_file is None) != (s.curve_clients_dir is None):
         raise SettingsError("--curve-server-secret-key-file / POCSERVE_CURVE_SERVER_SECRET_KEY_FILE and "
                             "--curve-clients-dir / POCSERVE_CURVE_CLIENTS_DIR must be set together")
+    if s.deltas_address not in ("auto", "off") and s.deltas_address.split("://", 1)[0] not in ("ipc", "tcp"):
+        raise SettingsError(f"--deltas-address / POCSERVE_DELTAS_ADDRESS: auto, off, or an ipc:// or tcp:// address, "
+                            f"got {s.deltas_address!r}")
     if s.curve_server_secret_key_file is not None and scheme == "inproc":
         # inproc has no ZMTP handshake, so CURVE would silently do nothing there.
         raise SettingsError("--address / POCSERVE_BACKEND_ADDRESS: CURVE needs an ipc:// or tcp:// address")

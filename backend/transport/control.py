@@ -35,6 +35,9 @@ class ControlPlane:
         self.snapshot: tuple[EngineStats, PocStats, CallbackStats] | None = None
         # Replaced (never mutated) by the io thread: what the processor process counted of chat.
         self.chat_stats: ProcessorStats | None = None
+        # Set by the io thread from ProcessorReady (before the engine's fingerprint): where the processor sends
+        # deltas itself (backend/processor/direct.py), told to each frontend in its ReadyReply.
+        self.deltas_endpoint: str | None = None
         self.snapshot_at = time.monotonic()
         self.frontends: dict[bytes, str] = {}
         self._lost: OrderedDict[bytes, str] = OrderedDict()
@@ -53,7 +56,7 @@ class ControlPlane:
             log.info("frontend_connected", frontend_id=msg.frontend_id)
         self._lost.pop(identity, None)
         self.frontends[identity] = msg.frontend_id
-        return ReadyReply(fingerprint=self.fingerprint)
+        return ReadyReply(fingerprint=self.fingerprint, deltas_endpoint=self.deltas_endpoint)
 
     def forget(self, identity: bytes) -> str:
         """Drops a peer the io thread found silent; returns its frontend id ("" if it never said Hello)."""

@@ -224,6 +224,7 @@ class SocketServer:
             return
         if isinstance(msg, ProcessorReady):
             self._is_processor_ready = True
+            self.control.deltas_endpoint = msg.deltas_endpoint
         self._inbox.put((LINK, msg))
 
     def _on_frames(self, router: zmq.Socket, codec, frames: list) -> None:

@@ -8,6 +8,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
+from frontend.backend_errors import BackendRequestError, BackendUnavailable
+from protocol.control import MetricsRequest
 from protocol.version import PROTOCOL_VERSION
 
 router = APIRouter()
@@ -45,4 +47,16 @@ async def metrics(request: Request) -> Response:
     """This frontend's series, the engine thread's (heartbeat) series, then vLLM's own families from the
     backend's processor process (frontend/metrics.py says which come from where)."""
     ours = generate_latest(request.app.state.metrics.registry)
-    return Response(ours + await request.app.state.client.vllm_metrics(), media_type=CONTENT_TYPE_LATEST)
+    return Response(ours + await _vllm_metrics(request.app.state.client), media_type=CONTENT_TYPE_LATEST)
+
+
+async def _vllm_metrics(client) -> bytes:
+    """The vllm:* families vLLM's stat logger keeps in the backend's processor, as Prometheus text; empty when the
+    backend is down or does not answer within the backend timeout (the scrape goes on without them)."""
+    if not client.is_alive:
+        return b""
+    try:
+        reply = await client.call(MetricsRequest(rid=client.new_rid()), client.backend_timeout_s)
+    except (BackendUnavailable, BackendRequestError):
+        return b""
+    return reply.text

@@ -309,6 +309,12 @@ def test_curve_authorised_frontend_serves_chat(curve, keys):
     assert r.json()["usage"]["completion_tokens"] > 0
     accepted = [e["public_key"] for e in _events(curve.backend, "curve_peer_accepted")]
     assert keys.public_key(keys.good_secret) in accepted
+    # Its second connection, to the processor's own socket (backend/processor/direct.py), through the same gate.
+    direct = _events(curve.backend, "deltas_socket_bound")
+    assert direct and direct[0]["curve"] is True
+    wait_until(lambda: metric(curve.good.url, "pocserve_frontend_direct_connected") == 1,
+               what="the good frontend's second connection up")
+    assert metric(curve.rogue.url, "pocserve_frontend_direct_connected") == 0
 
 
 def test_curve_unknown_key_is_refused_logged_and_counted(curve, keys):

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import openai
 import pytest
 
 from backend.processor.cost import INLINE_CHARS
+from tests.integration.pow_util import metric
 from tests.stack import MAX_MODEL_LEN
 
 MESSAGES = [{"role": "user", "content": "Tell me about the weather today."}]
@@ -189,3 +191,25 @@ def test_chat_unknown_model_is_404(stack):
 def test_chat_after_bad_requests_still_serves(client, stack):
     r = client.chat.completions.create(model=stack.model, messages=MESSAGES, max_tokens=3)
     assert r.choices[0].message.content is not None
+
+
+def test_streams_come_on_the_frontends_second_connection_from_the_processor(client, stack):
+    """backend/processor/direct.py: the frontend connects a second DEALER to the processor's own socket and says
+    Hello there at each pong; requests prepared from then on get their deltas on it, not through the engine
+    process. Retried until the Hello has landed (a fresh stack's first pong may come after the first chat)."""
+    assert metric(stack.base_url, "pocserve_frontend_direct_connected") == 1
+    deadline = time.monotonic() + 60
+    name = "pocserve_frontend_direct_messages_total"
+    while True:
+        # A scrape's own reply (vLLM's families, from the processor) comes that way too, after the scrape has
+        # read the counter: counted here between two scrapes without a chat, and taken off.
+        first = metric(stack.base_url, name)
+        before = metric(stack.base_url, name)
+        chunks = list(client.chat.completions.create(model=stack.model, messages=MESSAGES, max_tokens=8, seed=7,
+                                                     stream=True, extra_body={"ignore_eos": True}))
+        got = metric(stack.base_url, name) - before - (before - first)
+        if got > 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert got >= 1, "no message came on the direct connection"
+    assert sum(1 for c in chunks if c.choices and c.choices[0].finish_reason == "length") == 1

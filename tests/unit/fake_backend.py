@@ -39,8 +39,10 @@ def stats(instance_id: str) -> BackendStats:
 class FakeBackend:
     """Plays the backend: answers pings and hellos itself, queues every other message for the test."""
 
-    def __init__(self, address: str, instance_id: str = "inst-1") -> None:
+    def __init__(self, address: str, instance_id: str = "inst-1", deltas_endpoint: str | None = None) -> None:
         self.instance_id = instance_id
+        # Told in ReadyReply: where a (fake) processor sends deltas itself (backend/processor/direct.py).
+        self.deltas_endpoint = deltas_endpoint
         self.is_answering = True
         # False while the engine "loads": hellos go unanswered, pings are still answered.
         self.is_ready = True
@@ -66,7 +68,7 @@ class FakeBackend:
                 case HelloRequest():
                     self.num_hellos += 1
                     if self.is_answering and self.is_ready:
-                        await self.send(ReadyReply(fingerprint=fingerprint()))
+                        await self.send(ReadyReply(fingerprint=fingerprint(), deltas_endpoint=self.deltas_endpoint))
                 case _:
                     self.received.put_nowait(msg)
 

@@ -36,6 +36,7 @@ class Backend:
     is_alive = True
     stats = None
     handshakes = None
+    direct = None
     num_malformed_replies = 0
     fingerprint = FP
 

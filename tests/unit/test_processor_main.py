@@ -117,10 +117,12 @@ class FakePresenter:
         self.metrics = FakeMetrics()
         self.added: list[tuple] = []
         self.forgotten: list[str] = []
+        self.direct: list[bool] = []
         self.outputs: tuple[dict, list[str]] = ({}, [])
 
-    def add(self, engine, identity, rid, num_top_logprobs, is_stream, parsing=None) -> None:
+    def add(self, engine, identity, rid, num_top_logprobs, is_stream, parsing=None, *, is_direct=False) -> None:
         self.added.append((identity, rid, num_top_logprobs, is_stream, [r.request_id for r in engine.requests]))
+        self.direct.append(is_direct)
 
     def forget(self, engine_rids: list[str]) -> None:
         self.forgotten += engine_rids
@@ -267,7 +269,7 @@ def test_a_prepared_request_is_routed_and_its_engine_requests_sent(engine, parts
     assert isinstance(reply, PreparedRequests)
     assert (reply.header.engine_rid, reply.header.internal_ids) == ("e1", ["0_e1-int", "1_e1-int"])
     assert [r.request_id for r in reply.requests] == ["0_e1-int", "1_e1-int"]
-    assert presenter.added == [(b"fe-1", "r1", 2, True, ["0_e1-int", "1_e1-int"])]
+    assert presenter.added == [(b"fe-1", "r1", 2, True, ["0_e1-int", "1_e1-int"])] and presenter.direct == [False]
     assert preparer.threads == ["processor"]  # short prompts are tokenized inline
 
 
@@ -318,8 +320,8 @@ def test_an_unexpected_failure_fails_that_request_only(engine, parts):
 
 def test_outputs_become_deltas_per_frontend_and_stop_strings_go_to_the_engine(engine, parts):
     _, presenter, _ = parts
-    presenter.outputs = ({b"fe-1": [delta("r1", "a")], b"fe-2": [delta("r2", "b"), delta("r3", "c", "stop")]},
-                         ["0_e3-int"])
+    presenter.outputs = ({(b"fe-1", False): [delta("r1", "a")],
+                          (b"fe-2", False): [delta("r2", "b"), delta("r3", "c", "stop")]}, ["0_e3-int"])
     engine.send(EngineCoreOutputs(outputs=[]))
     forwarded = engine.receive()
     assert [(identity, [d.rid for d in msg.deltas]) for identity, msg in forwarded] == [

@@ -71,15 +71,27 @@ def test_present_streams_each_frontends_deltas(tokenizer, presenter):
     assert len(presenter) == 2
     hello, world = _ids(tokenizer, "Hello"), _ids(tokenizer, " world")
     by_frontend, stopped = presenter.present(_step((a, hello), (b, world)))
-    assert stopped == [] and set(by_frontend) == {b"fe-1", b"fe-2"}
-    [da], [db] = by_frontend[b"fe-1"], by_frontend[b"fe-2"]
+    assert stopped == [] and set(by_frontend) == {(b"fe-1", False), (b"fe-2", False)}
+    [da], [db] = by_frontend[b"fe-1", False], by_frontend[b"fe-2", False]
     assert (da.rid, da.text, da.token_ids, da.num_prompt_tokens, da.num_generated_tokens, da.finish_reason) == (
         "ra", "Hello", hello, len(PROMPT), len(hello), None)
     assert (db.rid, db.text) == ("rb", " world")
     by_frontend, _ = presenter.present(_step((a, world), finished=True))
-    [da] = by_frontend[b"fe-1"]
+    [da] = by_frontend[b"fe-1", False]
     assert (da.text, da.num_generated_tokens, da.finish_reason) == (" world", len(hello) + len(world), "length")
     assert len(presenter) == 1  # the finished request's route is gone
+
+
+def test_present_keeps_a_frontends_direct_and_forwarded_requests_apart(tokenizer, presenter):
+    """The path is the request's, decided when it was prepared (backend/processor/direct.py): one frontend's
+    requests of either path come as two groups, so none of them switches path mid-stream."""
+    a, b = _engine("ea"), _engine("eb")
+    presenter.add(a, b"fe", "ra", 0, is_stream=True, is_direct=True)
+    presenter.add(b, b"fe", "rb", 0, is_stream=True)
+    hello = _ids(tokenizer, "Hello")
+    by_frontend, _ = presenter.present(_step((a, hello), (b, hello)))
+    assert {key: [d.rid for d in deltas] for key, deltas in by_frontend.items()} == {
+        (b"fe", True): ["ra"], (b"fe", False): ["rb"]}
 
 
 def test_present_non_stream_sends_one_final_delta(tokenizer, presenter):
@@ -87,7 +99,7 @@ def test_present_non_stream_sends_one_final_delta(tokenizer, presenter):
     presenter.add(engine, b"fe", "r1", 0, is_stream=False)
     hello, world = _ids(tokenizer, "Hello"), _ids(tokenizer, " world")
     assert presenter.present(_step((engine, hello)))[0] == {}
-    [delta] = presenter.present(_step((engine, world), finished=True))[0][b"fe"]
+    [delta] = presenter.present(_step((engine, world), finished=True))[0][b"fe", False]
     assert (delta.text, delta.token_ids, delta.finish_reason) == ("Hello world", hello + world, "length")
 
 
@@ -95,7 +107,7 @@ def test_present_a_stop_string_finishes_the_choice_and_asks_the_engine_to_abort_
     engine = _engine("e1", stop=["lo"])
     presenter.add(engine, b"fe", "r1", 0, is_stream=True)
     by_frontend, stopped = presenter.present(_step((engine, _ids(tokenizer, "Hello"))))
-    [delta] = by_frontend[b"fe"]
+    [delta] = by_frontend[b"fe", False]
     assert (delta.text, delta.finish_reason, delta.stop_reason) == ("Hel", "stop", "lo")
     assert stopped == [engine.requests[0].request_id] and len(presenter) == 0
 
@@ -105,7 +117,7 @@ def test_present_n_choices_share_the_route_and_count_tokens_each(tokenizer, pres
     presenter.add(engine, b"fe", "r1", 0, is_stream=True)
     first, second = (r.request_id for r in engine.requests)
     hello = _ids(tokenizer, "Hello")
-    deltas = presenter.present(_step((first, hello), (second, hello + hello)))[0][b"fe"]
+    deltas = presenter.present(_step((first, hello), (second, hello + hello)))[0][b"fe", False]
     assert sorted((d.index, d.num_generated_tokens) for d in deltas) == [(0, len(hello)), (1, 2 * len(hello))]
     assert all(d.rid == "r1" for d in deltas)
     presenter.present(_step((first, hello), (second, hello), finished=True))
@@ -123,7 +135,7 @@ def _prefilled(num_cached: int) -> PrefillStats:
 def test_present_passes_the_cached_token_counts(tokenizer, presenter):
     engine = _engine("e1")
     presenter.add(engine, b"fe", "r1", 0, is_stream=True)
-    [delta] = presenter.present(_step((engine, _ids(tokenizer, "Hello")), prefill_stats=_prefilled(2)))[0][b"fe"]
+    [delta] = presenter.present(_step((engine, _ids(tokenizer, "Hello")), prefill_stats=_prefilled(2)))[0][b"fe", False]
     assert (delta.num_cached_tokens, delta.num_cache_creation_tokens) == (2, 1)
 
 
@@ -134,7 +146,7 @@ def test_present_top_logprobs_are_cut_to_what_the_request_asked(tokenizer, prese
     # vLLM's lists: the sampled token first, then its top-2.
     logprobs = LogprobsLists(np.array([[token, 5, token]]), np.array([[-0.5, -0.1, -0.5]], dtype=np.float32),
                              np.array([2]))
-    [delta] = presenter.present(_step((engine, [token]), new_logprobs=logprobs))[0][b"fe"]
+    [delta] = presenter.present(_step((engine, [token]), new_logprobs=logprobs))[0][b"fe", False]
     [position] = delta.logprobs or []
     assert (position.token_id, position.logprob, position.rank) == (token, -0.5, 2)
     assert [t.token_id for t in position.top] == [token]
@@ -184,24 +196,24 @@ class FakeParsing:
 def test_present_streamed_deltas_go_through_the_parsing(tokenizer, presenter):
     engine, parsing = _engine("e1"), FakeParsing()
     presenter.add(engine, b"fe", "r1", 0, is_stream=True, parsing=parsing)
-    [delta] = presenter.present(_step((engine, _ids(tokenizer, "hi"))))[0][b"fe"]
+    [delta] = presenter.present(_step((engine, _ids(tokenizer, "hi"))))[0][b"fe", False]
     assert (delta.text, delta.reasoning, delta.finish_reason) == ("HI", "thought", None)
     assert presenter.present(_step((engine, _ids(tokenizer, "<")))) == ({}, [])  # held back: nothing to send
-    [delta] = presenter.present(_step((engine, _ids(tokenizer, "ok")), finished=True))[0][b"fe"]
+    [delta] = presenter.present(_step((engine, _ids(tokenizer, "ok")), finished=True))[0][b"fe", False]
     assert (delta.text, delta.finish_reason) == ("OK", "tool_calls")
 
 
 def test_present_whole_output_goes_through_the_parsing(tokenizer, presenter):
     engine = _engine("e1", stream=False)
     presenter.add(engine, b"fe", "r1", 0, is_stream=False, parsing=FakeParsing())
-    [delta] = presenter.present(_step((engine, _ids(tokenizer, "hi there")), finished=True))[0][b"fe"]
+    [delta] = presenter.present(_step((engine, _ids(tokenizer, "hi there")), finished=True))[0][b"fe", False]
     assert (delta.text, delta.finish_reason) == ("HI THERE", "tool_calls")
 
 
 def test_a_parser_failure_leaves_that_request_unparsed(tokenizer, presenter):
     engine, parsing = _engine("e1"), FakeParsing()
     presenter.add(engine, b"fe", "r1", 0, is_stream=True, parsing=parsing)
-    [delta] = presenter.present(_step((engine, _ids(tokenizer, "hi!"))))[0][b"fe"]
+    [delta] = presenter.present(_step((engine, _ids(tokenizer, "hi!"))))[0][b"fe", False]
     assert (delta.text, delta.reasoning) == ("hi!", None) and presenter.num_parse_failures == 1
-    [delta] = presenter.present(_step((engine, _ids(tokenizer, "hi"))))[0][b"fe"]
+    [delta] = presenter.present(_step((engine, _ids(tokenizer, "hi"))))[0][b"fe", False]
     assert delta.text == "hi" and parsing.calls == 1  # not parsed any more
