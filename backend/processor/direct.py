@@ -1,9 +1,10 @@
 """The processor's own ROUTER: frontends' second connection, on which the processor sends them their deltas itself.
 
 Through the engine process, every step's deltas cost its io thread a wake-up, a receive and a send, each a GIL
-hand-off that stops the engine thread at its next torch call (docs/benchmarks-history.md, 2026-12-08; `vllm
-serve`'s engine process has one such thread, ours had two). Sent from here, the engine process's io thread wakes
-only for requests, replies and pings, and its engine thread steps as `vllm serve`'s does.
+hand-off that stops the engine thread at its next torch call (docs/decisions.md, "The processor sends the
+frontends their deltas itself"; `vllm serve`'s engine process has one such thread, ours had two). Sent from here,
+the engine process's io thread wakes only for requests, replies and pings, and its engine thread steps as
+`vllm serve`'s does.
 
 A frontend connects a second DEALER here with its routing id (the endpoint comes in its ReadyReply) and says Hello
 on it at each pong. A request goes this way for its whole life if its frontend had said Hello when it was
