@@ -1,9 +1,9 @@
-"""The frontend's only connection to the backend: a DEALER socket, a reader task, liveness and a breaker.
-
-Owns all cross-request state: request id → stream queue, ping id → future, the backend fingerprint and its
-liveness. Created in the app lifespan and stored on app.state; routes only call its methods.
-With CURVE keys the DEALER is a CURVE client; a HandshakeWatch logs and retries a handshake the backend refuses.
-When the backend counts as down, and when only as busy: frontend/liveness.py.
+"""The frontend's connection to the backend: a DEALER socket and a second one to the backend's processor, on which
+its deltas come (frontend/direct.py), their readers, liveness and a breaker. Owns all cross-request state: request
+id → stream queue, ping id → future, the backend fingerprint and its liveness. Created in the app lifespan and
+stored on app.state; routes only call its methods. With CURVE keys the DEALERs are CURVE clients; a HandshakeWatch
+logs and retries a handshake the backend refuses. When the backend counts as down, and when only as busy:
+frontend/liveness.py.
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ class BackendClient:
         self._alive = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._is_closing = False
+        self._hello = HelloRequest(protocol_version=PROTOCOL_VERSION, frontend_id=frontend_id)
 
     # --- lifecycle ---
 
@@ -260,7 +261,7 @@ class BackendClient:
         if self._orphans:
             asyncio.get_running_loop().create_task(self._abort_orphans())
         if self.direct is not None:
-            self.direct.hello(self._codec.encode(self._hello()))
+            self.direct.hello(self._codec.encode(self._hello))
         if self.fingerprint is None and not self.incompatible:
             # Answered once the backend's engine is up; until then every pong retries it.
             asyncio.get_running_loop().create_task(self._send_hello())
@@ -288,10 +289,7 @@ class BackendClient:
 
     async def _send_hello(self) -> None:
         with contextlib.suppress(BackendUnavailable):  # retried on the next pong
-            await self._send(self._hello())
-
-    def _hello(self) -> HelloRequest:
-        return HelloRequest(protocol_version=PROTOCOL_VERSION, frontend_id=self.frontend_id)
+            await self._send(self._hello)
 
     async def _abort_orphans(self) -> None:
         rids = sorted(self._orphans)
@@ -398,4 +396,4 @@ class BackendClient:
         if address is not None:
             sock, watch = self._connect(address, lambda is_up: self._on_connection(is_up, address))
             self.direct = DirectConnection(sock, watch, self._loop, self._on_frame)
-            self.direct.hello(self._codec.encode(self._hello()))
+            self.direct.hello(self._codec.encode(self._hello))
