@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import time
 from collections.abc import Iterator
 
@@ -14,12 +12,11 @@ from structlog.testing import capture_logs
 from vllm.v1.engine import EngineCoreOutputs
 
 from backend.processor.direct import DirectDeltas, bind_address
-from backend.processor.main import Processor
 from common.sockets import make_client_socket, make_socket
 from protocol.codec import frontend_codec
 from protocol.control import HelloRequest
 from protocol.generate import DeltasEvent
-from protocol.processor import FORWARD, ProcessorReady, TokenizeJob
+from protocol.processor import FORWARD, TokenizeJob
 from protocol.tokenize import TokenizeReply, TokenizeRequest
 from tests.unit.fake_backend import delta
 from tests.unit.test_processor_main import (
@@ -28,8 +25,8 @@ from tests.unit.test_processor_main import (
     FakePreparer,
     FakePresenter,
     FakeTokenization,
-    Stop,
     _prepare,
+    serving,
 )
 
 DELTAS = "inproc://deltas"
@@ -79,31 +76,12 @@ class Frontend:
 
 @pytest.fixture
 def stack() -> Iterator[tuple[Engine, FakePresenter, DirectDeltas, zmq.Context]]:
-    preparer, presenter, tokenizing = FakePreparer(), FakePresenter(), FakeTokenization()
+    presenter = FakePresenter()
     ctx = zmq.Context()
-    link, peer = make_socket(ctx, zmq.PAIR), make_socket(ctx, zmq.PAIR)
-    link.bind("inproc://link")
-    peer.connect("inproc://link")
-    own, own_peer = make_socket(ctx, zmq.PAIR), make_socket(ctx, zmq.PAIR)
-    own.bind("inproc://engine")
-    own_peer.connect("inproc://engine")
     direct = DirectDeltas.open(ctx, DELTAS)
     assert direct is not None and direct.endpoint == DELTAS
-    processor = Processor(ctx, link, own_peer, preparer, presenter, tokenizing, direct)
-
-    def serve() -> None:
-        with contextlib.suppress(Stop):
-            processor.run(ProcessorReady(pid=7, vocab_size=512, deltas_endpoint=direct.endpoint))
-
-    thread = threading.Thread(target=serve, name="processor", daemon=True)
-    thread.start()
-    side = Engine(peer, own, processor)
-    assert side.receive() == ProcessorReady(pid=7, vocab_size=512, deltas_endpoint=DELTAS)
-    yield side, presenter, direct, ctx
-    presenter.stats.stop = True
-    presenter.stats.iterations.count += 1
-    thread.join(timeout=5)
-    assert not thread.is_alive()
+    with serving(ctx, (FakePreparer(), presenter, FakeTokenization()), direct) as side:
+        yield side, presenter, direct, ctx
     ctx.destroy(linger=0)
 
 

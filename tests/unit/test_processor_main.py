@@ -190,31 +190,40 @@ def parts():
     return FakePreparer(), FakePresenter(), FakeTokenization()
 
 
-@pytest.fixture
-def engine(parts) -> Iterator[Engine]:
+@contextlib.contextmanager
+def serving(ctx: zmq.Context, parts, direct=None) -> Iterator[Engine]:
+    """A Processor on `parts` served on a thread, with the engine process's ends of its two sockets (and `direct`,
+    the processor's own socket to the frontends, if given); stopped on leaving."""
     preparer, presenter, tokenizing = parts
-    ctx = zmq.Context()
     link, peer = make_socket(ctx, zmq.PAIR), make_socket(ctx, zmq.PAIR)
     link.bind("inproc://link")
     peer.connect("inproc://link")
     own, own_peer = make_socket(ctx, zmq.PAIR), make_socket(ctx, zmq.PAIR)
     own.bind("inproc://engine")
     own_peer.connect("inproc://engine")
-    processor = Processor(ctx, link, own_peer, preparer, presenter, tokenizing)
+    processor = Processor(ctx, link, own_peer, preparer, presenter, tokenizing, direct)
+    ready = ProcessorReady(pid=7, vocab_size=512, deltas_endpoint=direct.endpoint if direct is not None else None)
 
     def serve() -> None:
         with contextlib.suppress(Stop):
-            processor.run(ProcessorReady(pid=7, vocab_size=512))
+            processor.run(ready)
 
     thread = threading.Thread(target=serve, name="processor", daemon=True)
     thread.start()
     side = Engine(peer, own, processor)
-    assert side.receive() == ProcessorReady(pid=7, vocab_size=512)
+    assert side.receive() == ready
     yield side
     presenter.stats.stop = True
     presenter.stats.iterations.count += 1  # the loop reads the snapshot only when the count changed
     thread.join(timeout=5)
     assert not thread.is_alive()
+
+
+@pytest.fixture
+def engine(parts) -> Iterator[Engine]:
+    ctx = zmq.Context()
+    with serving(ctx, parts) as side:
+        yield side
     ctx.destroy(linger=0)
 
 
